@@ -1,0 +1,1 @@
+"""stepscope collector: OTLP/HTTP receiver into ClickHouse."""

@@ -1,0 +1,1 @@
+"""stepscope dashboard (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""stepscope diagnosis (arrives with its issue)."""

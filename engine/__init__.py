@@ -1,0 +1,1 @@
+"""stepscope engine: a Llama-style serving engine with paged KV cache and continuous batching."""

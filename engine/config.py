@@ -1,0 +1,164 @@
+"""Every engine default lives here. The CLI and the HTTP API are built from these dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Byte-level tokenizer ids (engine/tokenizer.py): 0..255 are bytes, then the specials.
+BYTE_BOS_ID = 256
+BYTE_EOS_ID = 257
+BYTE_PAD_ID = 258
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Shape of a Llama-architecture decoder (also covers Qwen2: `attention_bias`)."""
+
+    name: str = "tiny"
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 172
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    max_model_len: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: int | None = BYTE_BOS_ID
+    eos_token_id: int | None = BYTE_EOS_ID
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim", "max_model_len"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1")
+
+    @property
+    def num_params(self) -> int:
+        d, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = d * self.num_heads * self.head_dim
+        kv = 2 * d * self.num_kv_heads * self.head_dim
+        per_layer = q + kv + q + 3 * d * i + 2 * d
+        head = 0 if self.tie_word_embeddings else v * d
+        return self.num_layers * per_layer + v * d + head + d
+
+
+# Named presets with seeded random weights. `tiny` keeps a CPU step in a few ms for tests;
+# `small` and `bench` are big enough that decode is memory-bound on a CPU (weights far larger than cache).
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(name="tiny"),
+    "small": ModelConfig(
+        name="small",
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        max_model_len=4096,
+    ),
+    "bench": ModelConfig(
+        name="bench",
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_layers=12,
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=64,
+        max_model_len=4096,
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """A fresh copy of a named preset (callers may change fields without touching the table)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} or a checkpoint path")
+    return dataclasses.replace(PRESETS[name])
+
+
+SchedulingMode = Literal["continuous", "static"]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Engine knobs. Field metadata `help` feeds the CLI; `runtime=True` marks knobs the admin API may change."""
+
+    model: str = field(default="tiny", metadata={"help": "preset name (tiny|small|bench) or a HF checkpoint dir"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda|cuda:N"})
+    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA)|fp32|bf16|fp16"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
+    num_kv_blocks: int = field(
+        default=0, metadata={"help": "KV blocks in the pool (0: sized from --kv-cache-bytes)", "runtime": True}
+    )
+    kv_cache_bytes: int = field(default=256 * 2**20, metadata={"help": "KV-cache budget when num_kv_blocks is 0"})
+    max_num_seqs: int = field(default=32, metadata={"help": "most sequences in one step", "runtime": True})
+    max_num_batched_tokens: int = field(
+        default=512, metadata={"help": "most tokens (prefill+decode) in one step", "runtime": True}
+    )
+    enable_chunked_prefill: bool = field(
+        default=True, metadata={"help": "split long prompts across steps", "runtime": True}
+    )
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "share full prompt blocks across requests"})
+    long_prefill_token_threshold: int = field(
+        default=0,
+        metadata={"help": "cap on one prompt's chunk per step so long prompts cannot starve short ones (0: auto)"},
+    )
+    scheduling: SchedulingMode = field(
+        default="continuous", metadata={"help": "continuous (step-level) or static (fixed padded batches)"}
+    )
+    max_waiting: int = field(default=1024, metadata={"help": "bounded waiting queue; beyond it requests get 429"})
+    num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: all cores)"})
+    seed: int = field(default=0, metadata={"help": "seed for random preset weights"})
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be continuous or static, got {self.scheduling!r}")
+        if self.num_kv_blocks < 0 or self.kv_cache_bytes < 0:
+            raise ValueError("num_kv_blocks and kv_cache_bytes must be >= 0")
+
+    @staticmethod
+    def runtime_fields() -> list[str]:
+        return [f.name for f in dataclasses.fields(EngineConfig) if f.metadata.get("runtime")]
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError("max_tokens must be an integer >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,1 @@
+"""stepscope instrumentation (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""stepscope load generator: arrival processes, workloads, step-load capacity tests."""
