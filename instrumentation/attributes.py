@@ -1,0 +1,77 @@
+"""Span, attribute and metric names: the one place they are spelled (documented in docs/spans.md).
+
+OpenTelemetry GenAI conventions and vLLM's span attributes where they exist; a `stepscope.`
+prefix where none does. Units are in the names (`_s` seconds, `_ns` nanoseconds, `_bytes`).
+The collector's materialized views read these same strings.
+"""
+
+# --- span names -------------------------------------------------------------------------------
+SPAN_REQUEST = "llm_request"  # root per request, kind SERVER (vLLM's name)
+SPAN_QUEUE = "queue"
+SPAN_PREFILL = "prefill"  # one per prefill chunk
+SPAN_KV_TRANSFER = "kv_transfer"
+SPAN_DECODE = "decode"
+SPAN_STEP = "engine.step"
+SPAN_STEP_SCHEDULE = "engine.step.schedule"
+SPAN_STEP_FORWARD = "engine.step.forward"
+SPAN_STEP_SAMPLE = "engine.step.sample"
+SPAN_CLIENT_REQUEST = "llm_client_request"  # the load generator's CLIENT span
+EVENT_FIRST_TOKEN = "first_token"
+
+# --- llm_request attributes (vLLM-compatible, seconds as doubles) ------------------------------
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_LATENCY_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_PREFILL = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_LATENCY_DECODE = "gen_ai.latency.time_in_model_decode"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # vLLM's older name
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # vLLM's older name
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+
+# stepscope extras on llm_request
+PREFIX_KEY = "stepscope.prefix_cache.key"  # hex hash of the first full prompt block ("" when none)
+PREEMPTIONS = "stepscope.preemptions"
+TPOT_MEAN_S = "stepscope.tpot.mean_s"
+TPOT_MAX_S = "stepscope.tpot.max_s"
+ITL_COUNT = "stepscope.itl.count"
+KV_TRANSFER_S = "stepscope.latency.kv_transfer_s"
+
+# --- phase span attributes ---------------------------------------------------------------------
+CHUNK_INDEX = "stepscope.prefill.chunk_index"
+CHUNK_TOKENS = "stepscope.prefill.chunk_tokens"
+KV_TRANSFER_BYTES = "stepscope.kv_transfer.bytes"
+KV_TRANSFER_BLOCKS = "stepscope.kv_transfer.blocks"
+KV_TRANSFER_BANDWIDTH = "stepscope.kv_transfer.bandwidth_bytes_per_s"
+
+# --- engine.step attributes --------------------------------------------------------------------
+STEP_ID = "stepscope.step.id"
+STEP_NUM_RUNNING = "stepscope.step.num_running"
+STEP_NUM_WAITING = "stepscope.step.num_waiting"
+STEP_BATCH_SIZE = "stepscope.step.batch_size"
+STEP_PREFILL_TOKENS = "stepscope.step.prefill_tokens"
+STEP_DECODE_TOKENS = "stepscope.step.decode_tokens"
+STEP_KV_BLOCKS_USED = "stepscope.step.kv_blocks_used"
+STEP_KV_BLOCKS_FREE = "stepscope.step.kv_blocks_free"
+STEP_KV_BLOCKS_TOTAL = "stepscope.step.kv_blocks_total"
+STEP_PREEMPTIONS = "stepscope.step.preemptions"
+STEP_PREFIX_HIT_TOKENS = "stepscope.step.prefix_cache_hit_tokens"
+STEP_WEIGHT_DTYPE = "stepscope.step.weight_dtype"
+STEP_KV_DTYPE = "stepscope.step.kv_dtype"
+STEP_CHUNKED_PREFILL = "stepscope.step.chunked_prefill"
+STEP_MAX_NUM_SEQS = "stepscope.step.max_num_seqs"
+STEP_GAP_S = "stepscope.step.gap_s"  # idle time between the previous step's end and this step's start
+STEP_BYTES_READ = "stepscope.step.bytes_read"
+LINK_TOKENS = "stepscope.link.tokens"  # on each engine.step -> llm_request link
+
+# --- resource attributes -----------------------------------------------------------------------
+RESOURCE_MODEL = "stepscope.model"
+RESOURCE_INSTANCE = "service.instance.id"
+RESOURCE_ROLE = "stepscope.role"  # colocated | prefill | decode | router
