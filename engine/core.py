@@ -1,17 +1,252 @@
-"""The engine core: scheduler -> model runner -> sampler, one `step()` at a time. (Being written.)
+"""The engine core: scheduler -> model runner -> sampler, one `step()` at a time.
 
-Public API (the contract the front end and the offline helper rely on):
+    core = EngineCore(EngineConfig(model="tiny"))
+    core.add_request(EngineRequest("r1", token_ids, SamplingParams(max_tokens=8, temperature=0)))
+    while core.has_unfinished_requests():
+        for out in core.step():            # RequestOutput: new tokens, finished, finish_reason
+            ...
+    core.drain_events()                    # StepEvent / RequestEvent, when record_events=True
 
-    core = EngineCore(EngineConfig(...))          # builds or loads the model, allocates the KV cache
-    core.tokenizer                                # engine.tokenizer.Tokenizer of the model
-    core.model_config                             # engine.config.ModelConfig
-    core.add_request(EngineRequest(...))          # raises ValueError on a prompt that can never fit
-    core.abort_request(req_id)                    # frees its blocks; its RequestOutput(finish_reason="abort") comes next step
-    core.step() -> list[RequestOutput]            # one engine iteration; [] when idle
-    core.has_unfinished_requests() -> bool
-    core.num_waiting / core.num_running
-    core.stats() -> dict                          # running, waiting, kv_blocks_used/free/total, kv_usage,
-                                                  # prefix_cache_queries/hits (tokens), preemptions_total
-    core.drain_events() -> list[StepEvent | RequestEvent]   # typed events, engine/events.py
-    core.update_limits(**{name: value}) -> dict   # names from EngineConfig.runtime_fields(); returns the new values
+Runtime knobs (`EngineConfig.runtime_fields()`) change between steps through `update_limits`.
+The core imports no OpenTelemetry; with `record_events=False` it records nothing at all.
 """
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from engine.attention import kv_cache_bytes_per_block
+from engine.block_manager import KVCacheManager
+from engine.config import EngineConfig, ModelConfig, preset
+from engine.device import resolve_device, resolve_dtype
+from engine.events import Event, EventBuffer, RequestEvent, ScheduledChunk, StepEvent
+from engine.model_runner import ModelRunner
+from engine.request import EngineRequest, RequestOutput
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer, get_tokenizer
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def load_model(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[ModelConfig, torch.nn.Module]:
+    """A named preset with seeded random weights, or a Hugging Face checkpoint directory."""
+    from engine.loader import is_checkpoint_dir, load_checkpoint
+    from engine.model import build_model
+
+    if is_checkpoint_dir(config.model):
+        return load_checkpoint(config.model, device, dtype)
+    model_config = preset(config.model)
+    model_config.seed = config.seed
+    return model_config, build_model(model_config, device, dtype)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, record_events: bool = False) -> None:
+        if config.num_threads > 0:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model_config, model = load_model(config, self.device, self.dtype)
+        self.tokenizer: Tokenizer = get_tokenizer(config.model, self.model_config.vocab_size)
+        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        num_blocks = config.num_kv_blocks or max(config.kv_cache_bytes // block_bytes, 1)
+        self.config.num_kv_blocks = num_blocks
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.runner = ModelRunner(
+            model, self.model_config, num_blocks, config.block_size, self.device, self.dtype
+        )
+        eos = self.model_config.eos_token_id
+        self.scheduler = Scheduler(config, self.kv, self.model_config.max_model_len, eos)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.block_bytes = block_bytes
+        self.weight_dtype = DTYPE_NAMES.get(self.dtype, str(self.dtype))
+        self.kv_dtype = self.weight_dtype
+        self.record_events = record_events
+        self.events = EventBuffer()
+        self.step_id = 0
+        self._prev_end_ns = 0
+
+    # -- requests ----------------------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a tokenized request. Raises ValueError if it can never run."""
+        n = len(req.prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.model_config.max_model_len:
+            raise ValueError(
+                f"prompt of {n} tokens does not fit the context of {self.model_config.max_model_len}"
+            )
+        if self.kv.blocks_needed(n + 1) > self.kv.num_blocks:
+            raise ValueError(
+                f"prompt of {n} tokens needs more KV blocks than the pool has ({self.kv.num_blocks})"
+            )
+        if not req.arrival_ns:
+            req.arrival_ns = time.monotonic_ns()
+        seq = Sequence.from_request(req)
+        self.scheduler.add(seq)
+        if self.record_events:
+            self.events.append(RequestEvent("arrived", seq.req_id, req.arrival_ns, seq.trace_context))
+
+    def abort_request(self, req_id: str) -> None:
+        seq = self.scheduler.abort(req_id)
+        if seq is not None and self.record_events:
+            self.events.append(self._finished_event(seq))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work or bool(self.scheduler.finished_outputs)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self.scheduler.running if not s.batch_done)
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the model, sample, update. Returns this step's outputs."""
+        start_ns = time.monotonic_ns()
+        sched = self.scheduler.schedule()
+        schedule_end_ns = time.monotonic_ns()
+        if sched.empty:
+            return self.scheduler.update_from_output(sched, {}, schedule_end_ns)
+        result = self.runner.execute(sched)
+        end_ns = time.monotonic_ns()
+        before = {seq: seq.num_computed_tokens for seq, _ in sched.scheduled} if self.record_events else None
+        outputs = self.scheduler.update_from_output(sched, result.sampled, end_ns)
+        if self.record_events:
+            self._record_step(
+                sched, result.sampled, before, start_ns, schedule_end_ns, result.forward_end_ns, end_ns
+            )
+        self._prev_end_ns = end_ns
+        self.step_id += 1
+        return outputs
+
+    def drain_events(self) -> list[Event]:
+        return self.events.drain()
+
+    # -- runtime knobs -----------------------------------------------------------------------
+    def update_limits(self, **changes: object) -> dict[str, object]:
+        """Change runtime knobs between steps; all-or-nothing. Returns the current values."""
+        allowed = EngineConfig.runtime_fields()
+        unknown = sorted(set(changes) - set(allowed))
+        if unknown:
+            raise ValueError(f"not a runtime knob: {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        new = dataclasses.replace(self.config, **changes)  # validates via __post_init__
+        if new.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+        if new.num_kv_blocks != self.kv.num_blocks:
+            self.runner.grow_kv_cache(new.num_kv_blocks)
+            self.kv.pool.resize(new.num_kv_blocks)
+        for name in allowed:
+            setattr(self.config, name, getattr(new, name))
+        return self.limits()
+
+    def limits(self) -> dict[str, object]:
+        return {name: getattr(self.config, name) for name in EngineConfig.runtime_fields()}
+
+    def stats(self) -> dict[str, float | int]:
+        total = self.kv.num_blocks
+        used = self.kv.pool.num_used
+        return {
+            "running": self.num_running,
+            "waiting": self.num_waiting,
+            "kv_blocks_used": used,
+            "kv_blocks_free": self.kv.num_free_blocks,
+            "kv_blocks_total": total,
+            "kv_usage": min(used / total, 1.0),
+            "prefix_cache_queries": self.kv.prefix_queries,
+            "prefix_cache_hits": self.kv.prefix_hits,
+            "preemptions_total": self.scheduler.num_preemptions_total,
+            "events_dropped": self.events.dropped,
+        }
+
+    def check_invariants(self) -> None:
+        """Block-pool accounting matches the live sequences (tests call this)."""
+        self.kv.check_invariants(self.scheduler.live_sequences())
+
+    # -- events ------------------------------------------------------------------------------
+    def _record_step(
+        self,
+        sched: SchedulerOutput,
+        sampled: dict[Sequence, int],
+        before: dict[Sequence, int],
+        start_ns: int,
+        schedule_end_ns: int,
+        forward_end_ns: int,
+        end_ns: int,
+    ) -> None:
+        chunks = []
+        prefill = decode = ctx_tokens = 0
+        for seq, n in sched.scheduled:
+            done = before[seq]
+            is_prefill = n > 1 or done < seq.num_prompt_tokens
+            chunks.append(ScheduledChunk(seq.req_id, n, done, is_prefill, seq in sampled, seq.trace_context))
+            prefill += n if is_prefill else 0
+            decode += 0 if is_prefill else n
+            ctx_tokens += done + n
+        for seq in sched.admitted:
+            self.events.append(RequestEvent("scheduled", seq.req_id, schedule_end_ns, seq.trace_context))
+        for seq in sched.preempted:
+            self.events.append(RequestEvent("preempted", seq.req_id, schedule_end_ns, seq.trace_context))
+        self.events.append(
+            StepEvent(
+                step_id=self.step_id,
+                start_ns=start_ns,
+                schedule_end_ns=schedule_end_ns,
+                forward_end_ns=forward_end_ns,
+                end_ns=end_ns,
+                prev_end_ns=self._prev_end_ns,
+                num_running=self.num_running,
+                num_waiting=self.num_waiting,
+                batch_size=len(sched.scheduled),
+                prefill_tokens=prefill,
+                decode_tokens=decode,
+                kv_blocks_used=self.kv.pool.num_used,
+                kv_blocks_free=self.kv.num_free_blocks,
+                kv_blocks_total=self.kv.num_blocks,
+                preemptions=len(sched.preempted),
+                prefix_cache_hit_tokens=sched.prefix_hit_tokens,
+                chunked_prefill=self.config.enable_chunked_prefill,
+                max_num_seqs=self.config.max_num_seqs,
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+                weight_dtype=self.weight_dtype,
+                kv_dtype=self.kv_dtype,
+                bytes_read=self.weight_bytes + ctx_tokens * self.block_bytes // self.config.block_size,
+                scheduled=chunks,
+                preempted_req_ids=[s.req_id for s in sched.preempted],
+            )
+        )
+        for seq, _ in sched.scheduled:
+            if seq.finished and seq.timings.finished_ns == end_ns:
+                self.events.append(self._finished_event(seq))
+
+    def _finished_event(self, seq: Sequence) -> RequestEvent:
+        t = seq.timings
+        return RequestEvent(
+            kind="finished",
+            req_id=seq.req_id,
+            ts_ns=t.finished_ns,
+            trace_context=seq.trace_context,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=min(seq.num_output_tokens, seq.sampling.max_tokens),
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            num_preemptions=seq.num_preemptions,
+            arrival_ns=t.arrival_ns,
+            first_scheduled_ns=t.first_scheduled_ns,
+            first_token_ns=t.first_token_ns,
+            last_token_ns=t.last_token_ns,
+            itl_sum_ns=seq.itl_sum_ns,
+            itl_max_ns=seq.itl_max_ns,
+            itl_count=seq.itl_count,
+            prefix_key=seq.block_hashes[0].hex() if seq.block_hashes else "",
+        )

@@ -1,0 +1,118 @@
+"""Turns a `SchedulerOutput` into tensors, runs the model over the paged cache, samples.
+
+All scheduled tokens of all sequences are flattened into one varlen batch:
+
+    seq A: 3 prompt tokens (chunk)   seq B: 1 decode token   seq C: 2 prompt tokens
+    input_ids        [a0 a1 a2 | b7 | c0 c1]           T = 6
+    query_start_loc  [0, 3, 4, 6]                        B = 3
+    logits rows      last token of each sequence that samples this step
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, allocate_kv_cache
+from engine.config import ModelConfig
+from engine.sampler import make_generator, sample
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled: dict[Sequence, int]  # one new token per sequence that reached the end of its tokens
+    forward_end_ns: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.block_size = block_size
+        self.device = device
+        self.dtype = dtype
+        self.kv_caches = allocate_kv_cache(model_config, num_blocks, block_size, device, dtype)
+
+    @property
+    def num_allocated_blocks(self) -> int:
+        return self.kv_caches[0].shape[1]
+
+    def grow_kv_cache(self, num_blocks: int) -> None:
+        """Grow the cache tensors (block ids and contents stay); only between steps."""
+        extra = num_blocks - self.num_allocated_blocks
+        if extra <= 0:
+            return
+        more = allocate_kv_cache(self.model_config, extra, self.block_size, self.device, self.dtype)
+        self.kv_caches = [torch.cat([old, new], dim=1) for old, new in zip(self.kv_caches, more, strict=True)]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        input_ids, positions, meta, sample_rows, samplers = self._prepare(sched)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, D]
+        logits = self.model.compute_logits(hidden[sample_rows]) if samplers else None  # [N, V]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so the forward's end is timed, not its launch
+        forward_end_ns = time.monotonic_ns()
+        if logits is None:
+            return RunnerOutput({}, forward_end_ns)
+        for seq in samplers:
+            if seq.sampling.seed is not None and seq.generator is None:
+                seq.generator = make_generator(seq.sampling.seed, self.device)
+        tokens = sample(logits, [s.sampling for s in samplers], [s.generator for s in samplers])
+        return RunnerOutput(dict(zip(samplers, tokens, strict=True)), forward_end_ns)
+
+    def _prepare(
+        self, sched: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Sequence]]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        query_lens: list[int] = []
+        sample_rows: list[int] = []
+        samplers: list[Sequence] = []
+        max_blocks = max(len(s.block_table) for s, _ in sched.scheduled)
+        tables = torch.zeros((len(sched.scheduled), max_blocks), dtype=torch.long)
+        for i, (seq, n) in enumerate(sched.scheduled):
+            start = seq.num_computed_tokens
+            end = start + n
+            ids.extend(seq.token_ids[start:end])
+            pos.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(end)
+            query_lens.append(n)
+            if end == seq.num_tokens:
+                sample_rows.append(qsl[-1] - 1)
+                samplers.append(seq)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
+            block_tables=tables.to(dev),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens=query_lens,
+            seq_lens_list=seq_lens,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        return input_ids, positions, meta, rows, samplers
