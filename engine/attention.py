@@ -9,6 +9,10 @@ block `block_table[p // block_size]` at offset `p % block_size`; its flat slot i
     positions     0 1 2 3 | 4 5 6 7 | 8 9
     blocks        ---7--- | ---2--- | -9-
     slot of p=5:  2 * 4 + 1 = 9
+
+The cache is touched in exactly two places, `_write_kv` (scatter new K/V to their slots) and
+`_gather_kv` (read a sequence's context through its block table), so a quantized cache
+(int8 K/V plus per-token scales) can later replace those two without changing the attention math.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
 
 
 @dataclass(slots=True)
@@ -41,3 +48,197 @@ class AttentionMetadata:
     @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+def make_attention_metadata(
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Build metadata from python lists: sequence b adds `query_lens[b]` tokens ending at `seq_lens[b]`.
+
+    A plain reference builder (tests, the single-sequence helpers in engine/reference.py); the
+    model runner may build the same tensors its own way.
+    """
+    slots: list[int] = []
+    for qlen, slen, table in zip(query_lens, seq_lens, block_tables, strict=True):
+        if not 1 <= qlen <= slen or len(table) * block_size < slen:
+            raise ValueError(f"bad sequence: query_len={qlen} seq_len={slen} blocks={len(table)}")
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(slen - qlen, slen))
+    starts = [0]
+    for qlen in query_lens:
+        starts.append(starts[-1] + qlen)
+    width = max(len(t) for t in block_tables)
+    padded = [t + [0] * (width - len(t)) for t in block_tables]
+    as_long = dict(dtype=torch.long, device=device)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, **as_long),
+        query_start_loc=torch.tensor(starts, **as_long),
+        seq_lens=torch.tensor(seq_lens, **as_long),
+        block_tables=torch.tensor(padded, **as_long),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_lens=list(query_lens),
+        seq_lens_list=list(seq_lens),
+    )
+
+
+def allocate_kv_cache(
+    cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """One zeroed cache tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+
+
+def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V together."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache at `meta.slot_mapping`, then attend.
+
+    q [T, H, Dh], k and v [T, Hkv, Dh] -> [T, H, Dh]. Query token i of sequence b sits at
+    position seq_len_b - query_len_b + i and attends to every cached position <= its own.
+    Sequences with one new token (decodes) go through one batched SDPA call; the others
+    (prefills, prefill chunks) get one SDPA call each.
+    """
+    _write_kv(kv_cache, meta.slot_mapping, k, v)
+    if meta.decode_only:
+        return _decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, meta.max_seq_len, scale)
+    out = torch.empty_like(q)
+    decode_rows = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
+    if decode_rows:
+        _mixed_decodes(q, out, kv_cache, meta, decode_rows, scale)
+    starts = _starts(meta)
+    for b, (qlen, slen) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
+        if qlen == 1:
+            continue
+        s, e = starts[b], starts[b] + qlen
+        if qlen == slen:  # no cached prefix: attend over the new tokens themselves
+            out[s:e] = _prefill_attention(q[s:e], k[s:e], v[s:e], None, scale)
+            continue
+        ctx_k, ctx_v = _gather_kv(kv_cache, meta.block_tables[b], slen)
+        # query i sits at position slen - qlen + i: a causal mask shifted right by the prefix
+        mask = torch.ones(qlen, slen, dtype=torch.bool, device=q.device).tril(diagonal=slen - qlen)
+        out[s:e] = _prefill_attention(q[s:e], ctx_k, ctx_v, mask, scale)
+    return out
+
+
+def dense_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain causal attention for one sequence, for tests: q [Tq, H, Dh], k and v [S, Hkv, Dh] (S >= Tq).
+
+    The queries are the last Tq of the S positions. Computed in float64 with explicit softmax.
+    """
+    tq, num_heads, _ = q.shape
+    s = k.shape[0]
+    group = num_heads // k.shape[1]
+    kk = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, S, Dh]
+    vv = v.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, S, Dh]
+    scores = q.double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # [H, Tq, S]
+    pos = torch.arange(s - tq, s)[:, None]  # [Tq, 1]
+    scores = scores.masked_fill(torch.arange(s)[None, :] > pos, float("-inf"))
+    return (scores.softmax(-1) @ vv).transpose(0, 1).to(q.dtype)  # [Tq, H, Dh]
+
+
+def _starts(meta: AttentionMetadata) -> list[int]:
+    starts = [0]
+    for qlen in meta.query_lens:
+        starts.append(starts[-1] + qlen)
+    return starts
+
+
+def _write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)  # [2, slots, Hkv, Dh]
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
+
+
+def _gather_kv(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's context: block_table [max_blocks] -> k, v [seq_len, Hkv, Dh]."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    num_blocks = -(-seq_len // block_size)
+    kv = kv_cache[:, block_table[:num_blocks]]  # [2, nb, bs, Hkv, Dh]
+    kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, :seq_len]
+    return kv[0], kv[1]
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One new token per sequence: q [B, H, Dh], block_tables [B, *], seq_lens [B] -> [B, H, Dh].
+
+    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length.
+    GQA without repeating K/V: the G query heads that share a KV head become G "query rows"
+    of that head (all with the same mask, since a decode has one position per sequence).
+    """
+    batch, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    num_blocks = -(-max_seq_len // block_size)
+    kv = kv_cache[:, block_tables[:, :num_blocks]]  # [2, B, nb, bs, Hkv, Dh]
+    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim).transpose(
+        2, 3
+    )  # [2, B, Hkv, L, Dh]
+    positions = torch.arange(num_blocks * block_size, device=q.device)  # [L]
+    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    grouped_q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, Dh]
+    out = F.scaled_dot_product_attention(grouped_q, kv[0], kv[1], attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _mixed_decodes(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    decode_rows: list[int],
+    scale: float,
+) -> None:
+    """The decodes of a mixed step, batched: fills their rows of `out`."""
+    starts = _starts(meta)
+    token_idx = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
+    rows = torch.tensor(decode_rows, dtype=torch.long, device=q.device)
+    max_len = max(meta.seq_lens_list[b] for b in decode_rows)
+    decoded = _decode_attention(
+        q[token_idx], kv_cache, meta.block_tables[rows], meta.seq_lens[rows], max_len, scale
+    )
+    out[token_idx] = decoded
+
+
+def _prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """q [Tq, H, Dh], k and v [S, Hkv, Dh], mask [Tq, S] bool or None (causal, Tq == S) -> [Tq, H, Dh]."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    qq, kk, vv = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H or Hkv, len, Dh]
+    gqa = num_heads != num_kv_heads
+    if gqa and q.device.type != "cpu":
+        # GPU SDPA kernels that take a mask do not all support GQA; a repeat keeps the fast kernels.
+        kk = kk.repeat_interleave(num_heads // num_kv_heads, dim=0)
+        vv = vv.repeat_interleave(num_heads // num_kv_heads, dim=0)
+        gqa = False
+    out = F.scaled_dot_product_attention(
+        qq, kk, vv, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
+    )  # [H, Tq, Dh]
+    return out.transpose(0, 1)

@@ -1,0 +1,48 @@
+"""Single-sequence helpers that drive the model without the scheduler or runner.
+
+Used by tests (comparison with Hugging Face transformers) and handy for a quick look at a model:
+one sequence, its own small KV cache, a block table that is simply 0, 1, 2, ...
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import allocate_kv_cache, make_attention_metadata
+from engine.model import LlamaForCausalLM
+
+
+class SingleSequence:
+    """One sequence's KV cache and block table; `feed(ids)` runs the new ids and returns their logits."""
+
+    def __init__(self, model: LlamaForCausalLM, max_len: int, block_size: int = 16) -> None:
+        param = next(model.parameters())
+        self.model, self.block_size, self.device = model, block_size, param.device
+        num_blocks = -(-max_len // block_size)
+        self.block_table = list(range(num_blocks))
+        self.kv_caches = allocate_kv_cache(model.config, num_blocks, block_size, param.device, param.dtype)
+        self.num_tokens = 0
+
+    @torch.inference_mode()
+    def feed(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` (a prefill chunk or one decode token) -> logits [len(ids), V] float32."""
+        start, end = self.num_tokens, self.num_tokens + len(ids)
+        meta = make_attention_metadata([len(ids)], [end], [self.block_table], self.block_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, D]
+        self.num_tokens = end
+        return self.model.compute_logits(hidden)
+
+
+def greedy_generate(
+    model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
+) -> list[int]:
+    """Greedy continuation of one prompt: prefill in one step, then one decode step per token."""
+    seq = SingleSequence(model, len(prompt_ids) + max_new_tokens, block_size)
+    logits = seq.feed(prompt_ids)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        out.append(int(logits[-1].argmax()))
+        logits = seq.feed(out[-1:])
+    return out
