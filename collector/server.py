@@ -1,0 +1,149 @@
+"""The collector's HTTP service: OTLP/HTTP receiver (`/v1/traces`, `/v1/metrics`, `/v1/logs`), `/health`,
+and the read-only query API under `/api` (collector/api.py).
+
+Status codes follow the OTLP/HTTP specification: 200 (with `partial_success` when items were rejected),
+400 malformed, 401 without the token, 413 too large, 415 other media types, 429/503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from collector import otlp
+from collector.api import router as api_router
+from collector.config import CollectorConfig
+from collector.ingest import Backpressure, Ingestor
+from collector.spool import Spool
+
+log = logging.getLogger(__name__)
+
+DRAIN_CAP_BYTES = 1 << 30  # an oversized body is read and discarded up to here, so the client sees the 413
+
+
+class HTTPProblem(Exception):
+    """An error answer: status, message, optional headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+def create_app(config: CollectorConfig) -> FastAPI:
+    """The collector app; the store and spool are opened on startup and closed on shutdown."""
+    ingestor = Ingestor(
+        config.store,
+        Spool(config.spool or "stepscope-spool", config.spool_max_bytes),
+        ttl_days=config.ttl_days,
+        max_inflight=config.max_inflight,
+        retry_after_s=config.retry_after_s,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(ingestor.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(ingestor.stop)
+
+    app = FastAPI(title="stepscope collector", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.ingestor = ingestor
+    expected = f"Bearer {config.token}".encode() if config.token else None
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):  # type: ignore[no-untyped-def]
+        path = request.url.path
+        if expected is not None and (path.startswith("/v1/") or path.startswith("/api")):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                await _drain(request)
+                return JSONResponse(
+                    {"error": "missing or wrong bearer token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await call_next(request)
+
+    @app.exception_handler(HTTPProblem)
+    async def problem(request: Request, exc: HTTPProblem) -> Response:
+        kind = _reply_kind(request)
+        if request.url.path.startswith("/v1/"):
+            body = otlp.encode_status(kind, _grpc_code(exc.status), str(exc))
+            return Response(body, status_code=exc.status, media_type=kind, headers=exc.headers)
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=exc.headers)
+
+    @app.get("/health")
+    async def health() -> dict[str, object]:
+        return {"status": "ok", **ingestor.status()}
+
+    @app.post("/v1/{signal}")
+    async def export(signal: str, request: Request) -> Response:
+        if signal not in otlp.SIGNALS:
+            await _drain(request)
+            raise HTTPProblem(404, f"unknown signal {signal!r}: use /v1/traces, /v1/metrics or /v1/logs")
+        body = await _read_body(request, config.max_body_bytes)
+        try:
+            kind = otlp.media_type(request.headers.get("content-type"))
+            raw = otlp.decompress(body, request.headers.get("content-encoding"), config.max_body_bytes)
+            decoded = await run_in_threadpool(otlp.decode, signal, raw, kind)
+            outcome = await run_in_threadpool(ingestor.submit, signal, decoded)
+        except otlp.UnsupportedMediaType as e:
+            raise HTTPProblem(415, str(e)) from None
+        except otlp.PayloadTooLarge as e:
+            raise HTTPProblem(413, str(e)) from None
+        except otlp.PayloadError as e:
+            raise HTTPProblem(400, str(e)) from None
+        except Backpressure as e:
+            raise HTTPProblem(e.status, str(e), {"Retry-After": str(e.retry_after_s)}) from None
+        reply = otlp.encode_response(signal, kind, outcome.rejected, outcome.error_message)
+        return Response(reply, status_code=200, media_type=kind)
+
+    app.include_router(api_router)
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        await _drain(request)
+        raise HTTPProblem(413, f"body of {declared} bytes is over the {limit} byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            await _drain(request, size)
+            raise HTTPProblem(413, f"body is over the {limit} byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _drain(request: Request, seen: int = 0) -> None:
+    """Read and discard what the client is still sending, so that it reads our answer instead of a reset."""
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DRAIN_CAP_BYTES:
+                break
+    except Exception:  # the stream may already be consumed or closed; nothing to drain then
+        return
+
+
+def _reply_kind(request: Request) -> str:
+    try:
+        return otlp.media_type(request.headers.get("content-type"))
+    except otlp.UnsupportedMediaType:
+        return otlp.JSON
+
+
+def _grpc_code(status: int) -> int:
+    # google.rpc.Code of the Status body: INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED, ...
+    return {400: 3, 401: 16, 404: 5, 413: 8, 415: 3, 429: 8, 503: 14}.get(status, 2)

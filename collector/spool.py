@@ -1,0 +1,138 @@
+"""An on-disk spool of export requests: what is acknowledged but not yet in the store.
+
+One file per batch, named `<arrival ns>-<signal>-<token>.otlp`, holding the request's protobuf bytes. A file
+is written under a temporary name, fsynced, renamed into place and the directory fsynced, so after `put()`
+returns the batch survives `kill -9` and power loss; a temporary file left by a crash was never
+acknowledged and is removed on open. The token (a hash of the payload) rides along so that a replay is
+de-duplicated by the store. The spool is bounded in bytes: `put()` past the bound raises `SpoolFull`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+_NAME = re.compile(r"(\d{20})-(traces|metrics|logs)-([0-9a-f]{16,64})\.otlp")
+
+
+class SpoolFull(Exception):
+    """The spool is at its byte bound: answer 503 with Retry-After."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One spooled batch."""
+
+    path: Path
+    signal: str
+    token: str
+    size: int
+
+
+class Spool:
+    """A bounded directory of fsynced batches, oldest first. Thread-safe."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.failed_directory = self.directory / "failed"
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._count = 0
+
+    def open(self) -> Spool:
+        """Create the directory, drop unacknowledged temporary files, count what is pending."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for tmp in self.directory.glob(".tmp-*"):
+            tmp.unlink(missing_ok=True)
+        entries = self.pending()
+        with self._lock:
+            self._count = len(entries)
+            self._bytes = sum(e.size for e in entries)
+        return self
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def bytes_used(self) -> int:
+        return self._bytes
+
+    def failed_count(self) -> int:
+        """Batches set aside after repeated store errors (kept, never deleted, for an operator)."""
+        return len(list(self.failed_directory.glob("*.otlp"))) if self.failed_directory.exists() else 0
+
+    def put(self, signal: str, token: str, payload: bytes, arrival_ns: int) -> Entry:
+        """Write one batch durably. Returns once the file and its directory entry are on disk."""
+        with self._lock:
+            if self._bytes + len(payload) > self.max_bytes:
+                raise SpoolFull(f"spool {self.directory} is full ({self._bytes} of {self.max_bytes} bytes)")
+            self._bytes += len(payload)
+            self._count += 1
+        name = f"{arrival_ns:020d}-{signal}-{token}.otlp"
+        final = self.directory / name
+        tmp = self.directory / f".tmp-{name}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+            self._fsync_dir()
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._bytes -= len(payload)
+                self._count -= 1
+            raise
+        return Entry(final, signal, token, len(payload))
+
+    def pending(self) -> list[Entry]:
+        """Spooled batches, oldest first."""
+        out = []
+        for path in sorted(self.directory.glob("*.otlp")):
+            m = _NAME.fullmatch(path.name)
+            if m:
+                try:
+                    out.append(Entry(path, m.group(2), m.group(3), path.stat().st_size))
+                except FileNotFoundError:
+                    continue
+        return out
+
+    def read(self, entry: Entry) -> bytes:
+        return entry.path.read_bytes()
+
+    def remove(self, entry: Entry) -> None:
+        """Forget a batch once the store has it."""
+        try:
+            entry.path.unlink()
+        except FileNotFoundError:
+            return
+        with self._lock:
+            self._bytes -= entry.size
+            self._count -= 1
+
+    def set_aside(self, entry: Entry) -> Path:
+        """Move a batch the store keeps refusing to `failed/`, out of the drain loop but still on disk."""
+        self.failed_directory.mkdir(exist_ok=True)
+        target = self.failed_directory / entry.path.name
+        os.replace(entry.path, target)
+        with self._lock:
+            self._bytes -= entry.size
+            self._count -= 1
+        return target
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
