@@ -8,6 +8,7 @@ completion token by token, print what it cost (TTFT, TPOT), stop the server. The
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -88,6 +89,6 @@ def _stream(base: str, prompt: str, max_tokens: int) -> None:
                     token_times.append(time.perf_counter())
                     print(text, end="", flush=True)
     ttft = token_times[0] - start if token_times else float("nan")
-    gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(token_times)]
     tpot = sum(gaps) / len(gaps) if gaps else float("nan")
     print(f"\n\nTTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.1f} ms, usage {usage}")

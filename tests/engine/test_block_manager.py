@@ -55,7 +55,7 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     kv = KVCacheManager(num_blocks=16, block_size=4)
     admit(kv, make_seq(list(range(8)), req_id="a"))
     again = make_seq(list(range(8)), req_id="b")
-    hits, hit_tokens = kv.get_computed_blocks(again)
+    _, hit_tokens = kv.get_computed_blocks(again)
     assert hit_tokens == 4  # the second block would leave nothing to compute
 
 

@@ -1,0 +1,173 @@
+"""Continuous vs static batching vs Hugging Face `generate()`, and how close decode is to the roofline.
+
+    python benchmarks/batching.py [--num-requests 256] [--model small]
+
+The same offline workload (prompt lengths uniform 32-512, output lengths uniform 16-512 with EOS
+ignored, all arriving at once, the same max_num_seqs) runs through continuous and static
+scheduling and through transformers' generate() on the same weights in padded batches of the
+same size. Throughput counts requested output tokens over wall time. The decode step time at
+batch 1/8/32 is a full engine step (schedule + forward + sample) at a context of 256 tokens.
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.core import EngineCore
+from engine.llm import LLM
+from engine.request import EngineRequest
+
+
+def make_workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(256) for _ in range(rng.randint(32, 512))], rng.randint(16, 512)) for _ in range(n)
+    ]
+
+
+def engine_config(args: argparse.Namespace, scheduling: str) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        scheduling=scheduling,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_bytes=args.kv_cache_gb * 2**30,
+        num_threads=args.threads,
+    )
+
+
+def run_engine(core: EngineCore, workload: list[tuple[list[int], int]]) -> float:
+    """Output tokens per second through the engine, all requests submitted at once."""
+    llm = LLM(core=core)
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for _, m in workload]
+    start = time.perf_counter()
+    results = llm.generate([p for p, _ in workload], params)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(r.token_ids) for r in results)
+    assert produced == sum(m for _, m in workload), "every request must produce its requested tokens"
+    return produced / elapsed
+
+
+def run_hf(core: EngineCore, workload: list[tuple[list[int], int]], batch_size: int) -> float:
+    """The same workload through transformers' generate(), left-padded batches in arrival order."""
+    import transformers
+
+    from engine.loader import hf_config_dict, hf_state_dict
+
+    model = core.runner.model
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config_dict(core.model_config)))
+    hf.load_state_dict(hf_state_dict(model), strict=False)
+    hf.eval()
+    pad = 0
+    start = time.perf_counter()
+    produced = 0
+    for i in range(0, len(workload), batch_size):
+        batch = workload[i : i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        new = max(m for _, m in batch)
+        with torch.inference_mode():
+            hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=None,
+            )
+        produced += sum(m for _, m in batch)
+    return produced / (time.perf_counter() - start)
+
+
+def decode_step_ms(core: EngineCore, batch: int, context: int = 256, steps: int = 20) -> float:
+    """Median engine step time with `batch` sequences decoding at `context` tokens of history."""
+    core.update_limits(max_num_seqs=batch, max_num_batched_tokens=max(batch * context, 512))
+    sp = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        core.add_request(EngineRequest(f"decode-{batch}-{i}", [(i + j) % 256 for j in range(context)], sp))
+    core.step()  # the whole batch prefills in one step
+    for _ in range(3):
+        core.step()  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        core.step()
+        times.append(time.perf_counter() - t0)
+    while core.has_unfinished_requests():
+        core.step()
+    return sorted(times)[len(times) // 2] * 1000
+
+
+def copy_bandwidth_bytes_per_s(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Memory-copy bandwidth, counting read plus write traffic (the STREAM convention)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * nbytes / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--kv-cache-gb", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    workload = make_workload(args.num_requests, args.seed)
+
+    core = EngineCore(engine_config(args, "continuous"))
+    decode = {b: decode_step_ms(core, b) for b in (1, 8, 32)}
+    core.update_limits(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=512)
+    bandwidth = copy_bandwidth_bytes_per_s()
+    roofline_ms = core.weight_bytes / bandwidth * 1000
+    mb, gbs = core.weight_bytes / 1e6, bandwidth / 1e9
+    print(f"decode step ms: {decode}; weights {mb:.0f} MB; copy bandwidth {gbs:.1f} GB/s")
+
+    continuous = run_engine(core, workload)
+    print(f"continuous: {continuous:.0f} tok/s", flush=True)
+    static_core = EngineCore(engine_config(args, "static"))
+    static = run_engine(static_core, workload)
+    print(f"static: {static:.0f} tok/s", flush=True)
+    hf = float("nan") if args.skip_hf else run_hf(core, workload, args.max_num_seqs)
+    print(f"transformers generate(): {hf:.0f} tok/s", flush=True)
+    result = {
+        "model": args.model,
+        "num_requests": args.num_requests,
+        "max_num_seqs": args.max_num_seqs,
+        "continuous_tok_s": round(continuous, 1),
+        "static_tok_s": round(static, 1),
+        "ratio": round(continuous / static, 3),
+        "hf_tok_s": round(hf, 1),
+        "vs_hf": round(continuous / hf, 3),
+        "decode_b1_ms": round(decode[1], 2),
+        "decode_b8_ms": round(decode[8], 2),
+        "decode_b32_ms": round(decode[32], 2),
+        "decode_b8_over_b1": round(decode[8] / decode[1], 2),
+        "weight_bytes": core.weight_bytes,
+        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "decode_b1_roofline": round(roofline_ms / decode[1], 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
