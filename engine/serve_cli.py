@@ -1,0 +1,175 @@
+"""`stepscope serve`: the engine core process plus the OpenAI-compatible HTTP front end.
+
+Engine options are generated from the `EngineConfig` dataclass (name -> `--kebab-case`, type from
+the default, help from the field metadata), so a default lives only there. Values are converted
+here rather than by argparse so a bad one is a one-line `UsageError` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import typing
+from pathlib import Path
+
+from engine.config import PRESETS, EngineConfig
+from stepscope.cli import UsageError
+
+if typing.TYPE_CHECKING:  # heavy imports wait until `run`, so `--help` stays fast
+    from engine.core_proc import CoreProcess
+    from engine.server import ServerSettings
+
+ADMIN_TOKEN_ENV = "STEPSCOPE_ADMIN_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine options from `EngineConfig`, then the server's own."""
+    engine = parser.add_argument_group("engine (EngineConfig)")
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
+        if f.metadata.get("runtime"):
+            help_text += "; changeable at run time via /admin/limits"
+        if isinstance(f.default, bool):
+            engine.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            continue
+        choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else ()
+        metavar = "|".join(choices) if choices else type(f.default).__name__.upper()
+        if f.name == "model":
+            metavar = f"{'|'.join(PRESETS)}|PATH"
+        engine.add_argument(flag, default=None, metavar=metavar, help=help_text)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    server.add_argument(
+        "--port", default="8000", metavar="INT", help="port to listen on (default: %(default)s)"
+    )
+    server.add_argument("--served-model-name", help="model id in the API (default: the --model value)")
+    server.add_argument(
+        "--admin-token",
+        help=f"bearer token of /admin/limits (default: ${ADMIN_TOKEN_ENV}; unset: admin disabled)",
+    )
+    server.add_argument("--otlp-endpoint", help="OTLP/HTTP endpoint for traces and metrics (instrumentation)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The `EngineConfig` of the given options; raises UsageError on a bad value."""
+    hints = typing.get_type_hints(EngineConfig)
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(EngineConfig):
+        raw = getattr(args, f.name, None)
+        if raw is not None:
+            values[f.name] = _convert(f.name, raw, type(f.default), hints[f.name])
+    try:
+        config = EngineConfig(**values)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if config.model not in PRESETS and not Path(config.model).is_dir():
+        raise UsageError(
+            f"--model: {config.model!r} is neither a preset ({', '.join(PRESETS)}) nor a directory"
+        )
+    return config
+
+
+def _convert(name: str, raw: object, kind: type, hint: object) -> object:
+    flag = "--" + name.replace("_", "-")
+    if kind is bool:
+        return raw
+    choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+    if choices and raw not in choices:
+        raise UsageError(f"{flag}: expected one of {', '.join(choices)}, got {raw!r}")
+    try:
+        return kind(raw)
+    except ValueError:
+        raise UsageError(
+            f"{flag}: expected {'an integer' if kind is int else kind.__name__}, got {raw!r}"
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the core process, wait until the model is loaded, serve HTTP until SIGTERM/SIGINT."""
+    from engine.core_proc import CoreStartupError, start_core_process
+    from engine.server import ServerSettings
+
+    config = engine_config(args)
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or config.model,
+        max_waiting=config.max_waiting,
+        admin_token=args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
+        otlp_endpoint=args.otlp_endpoint,
+    )
+    listener = _listen(args.host, args.port)  # before the model loads: a busy port fails fast
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        core = start_core_process(config, extra={"otlp_endpoint": args.otlp_endpoint})
+    except CoreStartupError as e:
+        print(f"stepscope serve: the engine core failed to start: {e}", file=sys.stderr)
+        listener.close()
+        return 1
+    except _Terminated:
+        return 0
+    info = core.ready.info
+    print(
+        f"stepscope serve: {settings.served_model_name} ready on {info['device']} {info['dtype']}, "
+        f"max_model_len {info['max_model_len']}, {info['num_kv_blocks']} KV blocks of {info['block_size']}; "
+        f"listening on http://{args.host}:{listener.getsockname()[1]}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        return asyncio.run(_serve(core, settings, listener))
+    except _Terminated:
+        return 0
+    finally:
+        core.stop()
+        listener.close()
+
+
+class _Terminated(BaseException):
+    """SIGTERM: unwind so the core process is stopped by the `finally` that owns it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _listen(host: str, port_text: str) -> socket.socket:
+    if not str(port_text).isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UsageError(f"--port: expected a port number, got {port_text!r}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port_text)))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port_text}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
+
+
+async def _serve(core: CoreProcess, settings: ServerSettings, listener: socket.socket) -> int:
+    import uvicorn
+
+    from engine.server import build_app
+
+    core_gone: list[str] = []
+
+    def on_core_exit(reason: str) -> None:
+        core_gone.append(reason)
+        server.should_exit = True
+
+    app = build_app(core, settings, on_core_exit)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="info", access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    )
+    await server.serve(sockets=[listener])
+    if core_gone:
+        print(f"stepscope serve: {core_gone[0]}", file=sys.stderr)
+        return 1
+    return 0

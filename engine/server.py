@@ -1,0 +1,374 @@
+"""The HTTP front end: OpenAI-compatible routes, tokenization, detokenization, stop strings, SSE.
+
+It runs in its own process beside the engine core (`engine/core_proc.py`) and talks to it over the
+RPC channel through `AsyncEngineClient`: one asyncio task reads the core's OUTPUTS frames and
+hands each request's outputs to that request's queue. Every refusal is an OpenAI-shaped error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.config import EngineConfig
+from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess
+from engine.metrics import ServerMetrics
+from engine.openai_protocol import (
+    DEFAULT_MAX_TOKENS,
+    SSE_DONE,
+    APIError,
+    GenerateRequest,
+    StopStrings,
+    chat_body,
+    chat_chunk,
+    completion_body,
+    parse_chat,
+    parse_completion,
+    parse_json,
+    sse,
+    usage,
+)
+from engine.request import EngineRequest
+from engine.tokenizer import IncrementalDetokenizer, get_tokenizer
+
+MAX_BODY_BYTES = 8 * 2**20  # a request body beyond this is refused with 413 before it is parsed
+_TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    """Front-end settings; engine knobs live in `EngineConfig`."""
+
+    served_model_name: str
+    max_waiting: int
+    admin_token: str | None = None
+    otlp_endpoint: str | None = None  # carried for the instrumentation; unused here yet
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+@dataclass(slots=True)
+class _Tally:
+    """One request's counts, filled while it streams."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class OpenAIServer:
+    """Route handlers and the state they share. `build_app` wires them into FastAPI."""
+
+    def __init__(
+        self, core: CoreProcess, settings: ServerSettings, on_core_exit: Callable[[str], None]
+    ) -> None:
+        self.settings = settings
+        self.info = core.ready.info
+        self.client = AsyncEngineClient(core, on_core_exit)
+        self.tokenizer = get_tokenizer(str(self.info["model"]), int(self.info["vocab_size"]))
+        self.max_model_len = int(self.info["max_model_len"])
+        self.metrics = ServerMetrics(settings.served_model_name)
+        self.created = int(time.time())
+
+    # -- plain routes --------------------------------------------------------------------------
+    async def health(self) -> Response:
+        return Response(status_code=200 if self.client.alive else 503)
+
+    async def models(self) -> dict[str, object]:
+        card = {
+            "id": self.settings.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "stepscope",
+            "root": str(self.info["model"]),
+            "max_model_len": self.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    async def metrics_text(self) -> PlainTextResponse:
+        text = self.metrics.render(self.client.stats, self.client.num_inflight)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- admin -----------------------------------------------------------------------------------
+    async def get_limits(self, request: Request) -> dict[str, object]:
+        self._check_admin(request)
+        return await self.client.admin(None)
+
+    async def set_limits(self, request: Request) -> dict[str, object]:
+        self._check_admin(request)
+        changes = parse_json(await self._read_body(request))
+        kinds = {f.name: type(f.default) for f in fields(EngineConfig)}
+        for name, value in changes.items():
+            if name not in EngineConfig.runtime_fields():
+                allowed = ", ".join(EngineConfig.runtime_fields())
+                raise APIError(400, f"not a runtime knob: {name}; allowed: {allowed}", name)
+            if type(value) is not kinds[name]:
+                raise APIError(400, f"{name} must be of type {kinds[name].__name__}", name)
+        try:
+            return await self.client.admin(changes)
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+
+    def _check_admin(self, request: Request) -> None:
+        token = self.settings.admin_token
+        if not token:
+            raise APIError(
+                403, "admin API disabled: start the server with --admin-token", type="permission_error"
+            )
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            raise APIError(
+                401, "missing or wrong admin token", code="invalid_api_key", type="authentication_error"
+            )
+
+    # -- generation ------------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        gen = parse_completion(parse_json(await self._read_body(request)))
+        return await self._serve(request, gen, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        gen = parse_chat(parse_json(await self._read_body(request)))
+        return await self._serve(request, gen, chat=True)
+
+    async def _serve(self, request: Request, gen: GenerateRequest, chat: bool) -> Response:
+        arrival = time.monotonic()
+        if gen.model is not None and gen.model != self.settings.served_model_name:
+            raise APIError(404, f"the model {gen.model!r} does not exist", "model", "model_not_found")
+        prompt_ids = await self._prompt_ids(gen)
+        max_tokens = self._max_tokens(gen, len(prompt_ids), chat)
+        self._admit()
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        engine_req = EngineRequest(
+            rid,
+            prompt_ids,
+            gen.sampling(max_tokens),
+            arrival_ns=time.monotonic_ns(),
+            cache_salt=gen.cache_salt,
+            trace_context=request.headers.get("traceparent", ""),
+        )
+        tally = _Tally(len(prompt_ids))
+        deltas = self._generate(engine_req, gen.stop, arrival, tally)
+        if gen.stream:
+            chunks = self._sse(deltas, rid, chat, gen.include_usage, tally)
+            return _AbortingStream(
+                chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        text = await _until_disconnect(request, _join(deltas))
+        use = usage(tally.prompt_tokens, tally.completion_tokens, tally.cached_tokens)
+        model, created = self.settings.served_model_name, int(time.time())
+        if chat:
+            return JSONResponse(chat_body(rid, created, model, text, tally.finish_reason, use))
+        return JSONResponse(completion_body(rid, created, model, text, tally.finish_reason, use))
+
+    async def _prompt_ids(self, gen: GenerateRequest) -> list[int]:
+        if gen.prompt_token_ids is not None:
+            vocab = int(self.info["vocab_size"])
+            if any(not 0 <= t < vocab for t in gen.prompt_token_ids):
+                raise APIError(400, f"token ids must be in [0, {vocab})", "prompt")
+            return gen.prompt_token_ids
+        if gen.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(gen.messages)
+            except ValueError as e:
+                raise APIError(400, str(e), "messages") from None
+        else:
+            text = gen.prompt
+        if len(text) > _TOKENIZE_IN_THREAD_CHARS:
+            ids = await asyncio.to_thread(self.tokenizer.encode, text)
+        else:
+            ids = self.tokenizer.encode(text)
+        if not ids:
+            raise APIError(400, "the prompt is empty", "prompt")
+        return ids
+
+    def _max_tokens(self, gen: GenerateRequest, num_prompt: int, chat: bool) -> int:
+        """The request's max_tokens; chat defaults to the rest of the context (as vLLM does)."""
+        max_tokens = gen.max_tokens
+        if max_tokens is None:
+            max_tokens = max(self.max_model_len - num_prompt, 1) if chat else DEFAULT_MAX_TOKENS
+        if num_prompt + max_tokens > self.max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in "
+                "the completion). Please reduce the length of the prompt or completion.",
+                "messages" if chat else "prompt",
+                "context_length_exceeded",
+            )
+        blocks = -(-(num_prompt + 1) // int(self.info["block_size"]))
+        if blocks > self.client.num_kv_blocks:
+            raise APIError(
+                400, f"the prompt needs {blocks} KV blocks; the pool has {self.client.num_kv_blocks}"
+            )
+        return max_tokens
+
+    def _admit(self) -> None:
+        """429 when the waiting queue is full: the core's count, or the front end's if that is larger."""
+        if not self.client.alive:
+            raise APIError(503, "the engine core is not running", type="server_error")
+        if self.client.num_waiting >= self.settings.max_waiting:
+            self.metrics.count_rejected(429)
+            raise APIError(
+                429,
+                f"the server is overloaded: {self.client.num_waiting} requests waiting (limit "
+                f"{self.settings.max_waiting}); retry later",
+                code="rate_limit_exceeded",
+                type="rate_limit_error",
+            )
+
+    async def _generate(
+        self, req: EngineRequest, stop: list[str], arrival: float, tally: _Tally
+    ) -> AsyncIterator[str]:
+        """The request's text as it arrives, stop strings applied; aborts it in the core if not finished."""
+        queue = await self.client.add(req)
+        detok, stops = IncrementalDetokenizer(self.tokenizer), StopStrings(stop)
+        last = None
+        try:
+            while tally.finish_reason is None:
+                out = await queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                now = time.monotonic()
+                if out.new_token_ids:
+                    if last is None:
+                        self.metrics.ttft.observe(now - arrival)
+                    else:
+                        self.metrics.itl.observe(now - last)
+                    last = now
+                tally.completion_tokens += len(out.new_token_ids)
+                tally.cached_tokens = out.num_cached_tokens
+                text = stops.push(detok.push(out.new_token_ids))
+                if not stops.stopped and out.finished:
+                    text += stops.push(detok.flush())
+                    text += "" if stops.stopped else stops.flush()
+                if stops.stopped or out.finished:
+                    tally.finish_reason = "stop" if stops.stopped else out.finish_reason
+                if text:
+                    yield text
+        finally:
+            if not self.client.is_finished(req.req_id):
+                self.client.abort(req.req_id)  # stop string, client gone, or an error: free its blocks
+                tally.finish_reason = tally.finish_reason or "abort"
+            self.metrics.e2e.observe(time.monotonic() - arrival)
+            self.metrics.count_finished(
+                tally.finish_reason or "abort", tally.prompt_tokens, tally.completion_tokens
+            )
+
+    async def _sse(
+        self, deltas: AsyncIterator[str], rid: str, chat: bool, include_usage: bool, tally: _Tally
+    ) -> AsyncIterator[bytes]:
+        model, created = self.settings.served_model_name, int(time.time())
+        try:
+            if chat:
+                yield sse(chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
+            async for text in deltas:
+                if chat:
+                    yield sse(chat_chunk(rid, created, model, {"content": text}))
+                else:
+                    yield sse(completion_body(rid, created, model, text, None))
+            if chat:
+                yield sse(chat_chunk(rid, created, model, {}, tally.finish_reason))
+            else:
+                yield sse(completion_body(rid, created, model, "", tally.finish_reason))
+            if include_usage:
+                use = usage(tally.prompt_tokens, tally.completion_tokens, tally.cached_tokens)
+                if chat:
+                    yield sse(chat_chunk(rid, created, model, None, usage_=use))
+                else:
+                    yield sse(completion_body(rid, created, model, None, None, use))
+        except CoreError as e:  # the status line is long gone: report in the stream, as vLLM does
+            yield sse(APIError(500 if e.fatal else 400, str(e), type="server_error").body())
+        finally:
+            await deltas.aclose()
+        yield SSE_DONE
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"the request body is larger than {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes")
+        return bytes(body)
+
+
+class _AbortingStream(StreamingResponse):
+    """Closes its generator however the response ends, so a gone client's request is aborted now."""
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _join(deltas: AsyncIterator[str]) -> str:
+    return "".join([t async for t in deltas])
+
+
+async def _until_disconnect(request: Request, work: object) -> str:
+    """Await `work`, cancelling it if the client disconnects first (its finally aborts the request)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise APIError(499, "client disconnected")
+    exc = task.exception()
+    if isinstance(exc, CoreError):
+        raise APIError(
+            500 if exc.fatal else 400, str(exc), type="server_error" if exc.fatal else None
+        ) from None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(core: CoreProcess, settings: ServerSettings, on_core_exit: Callable[[str], None]) -> FastAPI:
+    """The FastAPI app over a started core process. `on_core_exit(reason)` runs if the core dies."""
+    server = OpenAIServer(core, settings, on_core_exit)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await server.client.start()
+        yield
+        await server.client.close()
+
+    app = FastAPI(title="stepscope", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    app.add_api_route("/health", server.health, methods=["GET"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/metrics", server.metrics_text, methods=["GET"])
+    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
+    app.add_api_route("/admin/limits", server.get_limits, methods=["GET"])
+    app.add_api_route("/admin/limits", server.set_limits, methods=["POST"])
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    return app
