@@ -127,15 +127,18 @@ def build_results(
     loads = [float(x) for x in cfg.loads[: len(runs)]]
     steps = []
     for load, res in zip(loads, runs, strict=True):
-        figs = step_figures(res.records, res.elapsed_s, cfg.slo)
+        # requests cut by Ctrl-C are the operator's doing, not the server's: left out of the figures
+        records = [r for r in res.records if not (res.interrupted and r.error == "cancelled")]
+        figs = step_figures(records, res.elapsed_s, cfg.slo, window_s=res.issue_s)
         step = {"load": load, cfg.load_kind: load, **figs, "interrupted": res.interrupted}
         if cfg.cost_per_hour is not None:
             step["cost_per_1k_requests"] = cost_per_1k_requests(
                 cfg.cost_per_hour, figs["request_throughput_rps"]
             )
         steps.append(step)
-    knee = find_knee(loads, steps, cfg.slo, cfg.knee)
-    rec = recommended_load(loads, knee, cfg.knee)
+    whole = [i for i, st in enumerate(steps) if not st["interrupted"]]  # a cut step cannot show a knee
+    knee = find_knee([loads[i] for i in whole], [steps[i] for i in whole], cfg.slo, cfg.knee)
+    rec = recommended_load([loads[i] for i in whole], knee, cfg.knee)
     cost = None
     if rec is not None and cfg.cost_per_hour is not None:
         thr = throughput_at(loads, [s["request_throughput_rps"] for s in steps], rec)

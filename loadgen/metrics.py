@@ -8,6 +8,7 @@ Definitions (all client-side):
   one-token request has no TPOT and passes that half). An SLO that is not set always passes.
 - SLO attainment: requests meeting the SLO / requests issued (failures count as misses).
 - Goodput: requests meeting the SLO per second of the step, as DistServe defines it.
+- Rates count what finished inside the step's issuing window (see `step_figures`).
 - Fluidity index (Etalon): every token gets a deadline, the first at the TTFT SLO, each next one a TPOT SLO
   later; a token early by some margin banks it as slack for later ones; a late token counts every deadline
   it overran as missed and resets the schedule from its arrival. The index is the share of deadlines met,
@@ -109,23 +110,46 @@ def fluidity_index(records: Sequence[RequestRecord], slo: SLO) -> float | None:
     return met / total if total else None
 
 
-def step_figures(records: Sequence[RequestRecord], elapsed_s: float, slo: SLO) -> dict[str, Any]:
-    """Every figure of one step, JSON-ready."""
+def _tokens_within(r: RequestRecord, window_s: float) -> float:
+    """Output tokens of `r` made by `window_s`, pro rata to its token events (a chunk may carry several)."""
+    if not r.token_times_s:
+        return 0.0
+    inside = sum(t <= window_s for t in r.token_times_s)
+    return r.output_tokens * inside / len(r.token_times_s)
+
+
+def step_figures(
+    records: Sequence[RequestRecord], elapsed_s: float, slo: SLO, window_s: float | None = None
+) -> dict[str, Any]:
+    """Every figure of one step, JSON-ready.
+
+    Rates (throughput, goodput) count what finished inside the measurement window `[0, window_s]` (the
+    issuing period; default the whole run): requests still draining after it ran at a falling load and
+    would bias rates down. Latency percentiles and SLO attainment cover every request of the step.
+    """
+    window = window_s if window_s is not None and window_s < elapsed_s else elapsed_s
     done = [r for r in records if r.ok]
+    in_window = [r for r in done if r.end_s <= window]  # type: ignore[operator]
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est for r in done)
-    per_s = (lambda x: x / elapsed_s) if elapsed_s > 0 else (lambda x: 0.0)
+    window_in_tokens = sum(
+        r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est for r in in_window
+    )
+    window_out_tokens = sum(_tokens_within(r, window) for r in done)
+    per_s = (lambda x: x / window) if window > 0 else (lambda x: 0.0)
     errors = Counter(r.error for r in records if r.error)
     return {
         "num_requests": len(records),
         "completed": len(done),
         "errors": dict(sorted(errors.items())),
         "error_rate": (len(records) - len(done)) / len(records) if records else 0.0,
-        "duration_s": elapsed_s,
-        "request_throughput_rps": per_s(len(done)),
-        "output_token_throughput_tps": per_s(out_tokens),
-        "total_token_throughput_tps": per_s(out_tokens + in_tokens),
-        "goodput_rps": goodput(records, slo, elapsed_s),
+        "duration_s": window,
+        "elapsed_s": elapsed_s,
+        "completed_in_window": len(in_window),
+        "request_throughput_rps": per_s(len(in_window)),
+        "output_token_throughput_tps": per_s(window_out_tokens),
+        "total_token_throughput_tps": per_s(window_out_tokens + window_in_tokens),
+        "goodput_rps": goodput(in_window, slo, window),
         "slo_attainment": slo_attainment(records, slo),
         "fluidity_index": fluidity_index(records, slo),
         "ttft_s": percentiles(r.ttft_s for r in done),

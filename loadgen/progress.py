@@ -21,8 +21,13 @@ class ProgressLine:
         self.num_requests: int | None = None
 
     def start_step(self, step: int, load: float, duration_s: float | None, num_requests: int | None) -> None:
-        """A new step begins."""
+        """A new step begins (announced on a line of its own when stderr is not a terminal)."""
         self.step, self.load, self.duration_s, self.num_requests = step, load, duration_s, num_requests
+        if not self.tty:
+            goal = f"{duration_s:g}s" if duration_s else f"{num_requests} req" if num_requests else "replay"
+            head = f"step {step + 1}/{self.num_steps} {self.load_kind}={load:g}"
+            self.stream.write(f"{head}: started ({goal})\n")
+            self.stream.flush()
 
     def _line(self, p: Progress) -> str:
         if self.duration_s:

@@ -95,6 +95,7 @@ class RunResult:
 
     records: list[RequestRecord] = field(default_factory=list)
     elapsed_s: float = 0.0
+    issue_s: float | None = None  # when issuing stopped (the measurement window); None: at the end
     start_unix_ns: int = 0
     interrupted: bool = False
 
@@ -240,9 +241,11 @@ async def run_load(
     run = _Run(base_url.rstrip("/"), workload, opts, client)
     start_unix_ns = time.time_ns()
     ticker = asyncio.create_task(_tick(run, progress)) if progress is not None else None
+    issue_s = None
     try:
         loop = _open_loop if load.rate is not None or load.replay else _closed_loop
         await loop(run, load, stop_waiter)
+        issue_s = _window(run, load, stop.is_set())
         await run.drain(stop_waiter, opts.drain_timeout_s)
     finally:
         stop_waiter.cancel()
@@ -258,7 +261,15 @@ async def run_load(
             rec.error, rec.error_detail = "cancelled", "cut before it was sent"
     if progress is not None:
         progress(run.snapshot())
-    return RunResult(run.records, run.now(), start_unix_ns, stop.is_set())
+    return RunResult(run.records, run.now(), issue_s, start_unix_ns, stop.is_set())
+
+
+def _window(run: _Run, load: LoadSpec, stopped: bool) -> float | None:
+    """The measurement window: the duration if it ended issuing, the moment of a stop, else the whole run."""
+    if stopped:
+        return run.now()
+    count_reached = load.num_requests is not None and len(run.records) >= load.num_requests
+    return load.duration_s if load.duration_s is not None and not count_reached else None
 
 
 async def _tick(run: _Run, progress: Callable[[Progress], None], every_s: float = 0.5) -> None:

@@ -135,3 +135,16 @@ def test_slo_refuses_nonsense():
         SLO(ttft_s=0.0)
     with pytest.raises(ValueError):
         SLO(target=1.5)
+
+
+def test_rates_count_only_what_finished_inside_the_window_and_latencies_count_everything():
+    slo = SLO(ttft_s=1.0, tpot_s=0.1)
+    inside = rec(0.5, [0.05] * 9, send=0.0)  # ends at 0.95
+    straddling = rec(0.5, [0.05] * 9, send=9.5)  # tokens at 10.0 .. 10.4: 1 of 10 inside a 10 s window
+    f = step_figures([inside, straddling], elapsed_s=12.0, slo=slo, window_s=10.0)
+    assert f["duration_s"] == 10.0 and f["elapsed_s"] == 12.0
+    assert f["completed"] == 2 and f["completed_in_window"] == 1
+    assert f["request_throughput_rps"] == pytest.approx(0.1)
+    assert f["goodput_rps"] == pytest.approx(0.1)
+    assert f["output_token_throughput_tps"] == pytest.approx((10 + 1) / 10.0)
+    assert f["slo_attainment"] == 1.0 and f["e2e_s"]["p50"] == pytest.approx(0.95)
