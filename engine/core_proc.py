@@ -75,6 +75,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket, codec: Codec) -> None:
         self.sock, self.codec, self.frames = sock, codec, FrameBuffer()
+        self.eof = False
         self.sock.setblocking(True)
 
     def send(self, msg: Message) -> None:
@@ -83,6 +84,8 @@ class Channel:
     def receive(self, block: bool, timeout: float | None = None) -> list[Message] | None:
         """Every complete message pending now; with `block`, first wait until the socket is readable
         (`timeout` None: forever). None at EOF: the other side is gone."""
+        if self.eof:
+            return None
         if block and not select.select([self.sock], [], [], timeout)[0]:
             return []
         msgs: list[Message] = []
@@ -92,7 +95,8 @@ class Channel:
             except BlockingIOError:
                 return msgs
             if not data:
-                return None
+                self.eof = True  # messages that came before EOF still count (a core's last words)
+                return msgs or None
             msgs += [self.codec.decode(b) for b in self.frames.feed(data)]
 
 
