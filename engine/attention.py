@@ -116,7 +116,7 @@ def paged_attention(
     """
     _write_kv(kv_cache, meta.slot_mapping, k, v)
     if meta.decode_only:
-        return _decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, meta.max_seq_len, scale)
+        return _decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, meta.seq_lens_list, scale)
     out = torch.empty_like(q)
     decode_rows = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
     if decode_rows:
@@ -184,24 +184,27 @@ def _decode_attention(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    max_seq_len: int,
+    seq_lens_list: list[int],
     scale: float,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, H, Dh], block_tables [B, *], seq_lens [B] -> [B, H, Dh].
 
-    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length.
-    GQA without repeating K/V: the G query heads that share a KV head become G "query rows"
-    of that head (all with the same mask, since a decode has one position per sequence).
+    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length (no mask
+    when all lengths are equal, e.g. batch 1). GQA without repeating K/V: the G query heads that share
+    a KV head become G "query rows" of that head (one mask fits all: a decode has one position).
     """
     batch, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    num_blocks = -(-max_seq_len // block_size)
+    max_len = max(seq_lens_list)
+    num_blocks = -(-max_len // block_size)
     kv = kv_cache[:, block_tables[:, :num_blocks]]  # [2, B, nb, bs, Hkv, Dh]
-    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim).transpose(
-        2, 3
-    )  # [2, B, Hkv, L, Dh]
-    positions = torch.arange(num_blocks * block_size, device=q.device)  # [L]
-    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)  # [2, B, L, Hkv, Dh]
+    if min(seq_lens_list) == max_len:
+        kv, mask = kv[:, :, :max_len], None
+    else:
+        positions = torch.arange(num_blocks * block_size, device=q.device)  # [L]
+        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    kv = kv.transpose(2, 3)  # [2, B, Hkv, L, Dh]
     grouped_q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, Dh]
     out = F.scaled_dot_product_attention(grouped_q, kv[0], kv[1], attn_mask=mask, scale=scale)
     return out.reshape(batch, num_heads, head_dim)
@@ -219,11 +222,9 @@ def _mixed_decodes(
     starts = _starts(meta)
     token_idx = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
     rows = torch.tensor(decode_rows, dtype=torch.long, device=q.device)
-    max_len = max(meta.seq_lens_list[b] for b in decode_rows)
-    decoded = _decode_attention(
-        q[token_idx], kv_cache, meta.block_tables[rows], meta.seq_lens[rows], max_len, scale
-    )
-    out[token_idx] = decoded
+    lens_list = [meta.seq_lens_list[b] for b in decode_rows]
+    tables, lens = meta.block_tables[rows], meta.seq_lens[rows]
+    out[token_idx] = _decode_attention(q[token_idx], kv_cache, tables, lens, lens_list, scale)
 
 
 def _prefill_attention(

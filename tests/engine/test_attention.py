@@ -50,6 +50,7 @@ def _run_case(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: int, s
 
 CASES = {
     "decode_only": [(1, 7), (1, 1), (1, 13), (1, 16), (1, 4)],
+    "decode_equal_lengths": [(1, 9), (1, 9), (1, 9)],
     "prefill_no_prefix": [(5, 5), (8, 8), (1, 1)],
     "prefill_with_prefix": [(3, 10), (4, 4), (7, 12)],
     "mixed": [(1, 9), (6, 6), (1, 4), (4, 11), (1, 17)],
