@@ -362,14 +362,14 @@ class AsyncEngineClient:
     def is_finished(self, req_id: str) -> bool:
         return req_id not in self.queues
 
-    async def add(self, req: EngineRequest) -> asyncio.Queue:
-        """Send a request to the core; its outputs arrive on the returned queue."""
+    def add(self, req: EngineRequest) -> asyncio.Queue:
+        """Send a request to the core; its outputs arrive on the returned queue. Synchronous, so
+        the request counts as in flight from the moment it is admitted."""
         if not self.alive:
             raise CoreError("the engine core is not running", fatal=True)
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[req.req_id] = queue
         self._send(Add(req))
-        await self._writer.drain()
         return queue
 
     def abort(self, req_id: str) -> None:

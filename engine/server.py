@@ -8,6 +8,7 @@ hands each request's outputs to that request's queue. Every refusal is an OpenAI
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import time
 import uuid
@@ -60,9 +61,11 @@ class _Tally:
     """One request's counts, filled while it streams."""
 
     prompt_tokens: int
+    arrival: float  # time.monotonic() when the request arrived
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    counted: bool = False  # finished and counted in the metrics
 
 
 class OpenAIServer:
@@ -132,15 +135,16 @@ class OpenAIServer:
 
     # -- generation ------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
+        arrival_ns = time.monotonic_ns()
         gen = parse_completion(parse_json(await self._read_body(request)))
-        return await self._serve(request, gen, chat=False)
+        return await self._serve(request, gen, arrival_ns, chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
+        arrival_ns = time.monotonic_ns()
         gen = parse_chat(parse_json(await self._read_body(request)))
-        return await self._serve(request, gen, chat=True)
+        return await self._serve(request, gen, arrival_ns, chat=True)
 
-    async def _serve(self, request: Request, gen: GenerateRequest, chat: bool) -> Response:
-        arrival = time.monotonic()
+    async def _serve(self, request: Request, gen: GenerateRequest, arrival_ns: int, chat: bool) -> Response:
         if gen.model is not None and gen.model != self.settings.served_model_name:
             raise APIError(404, f"the model {gen.model!r} does not exist", "model", "model_not_found")
         prompt_ids = await self._prompt_ids(gen)
@@ -151,18 +155,21 @@ class OpenAIServer:
             rid,
             prompt_ids,
             gen.sampling(max_tokens),
-            arrival_ns=time.monotonic_ns(),
+            arrival_ns=arrival_ns,  # the core's clock is the same CLOCK_MONOTONIC
             cache_salt=gen.cache_salt,
             trace_context=request.headers.get("traceparent", ""),
         )
-        tally = _Tally(len(prompt_ids))
-        deltas = self._generate(engine_req, gen.stop, arrival, tally)
+        tally = _Tally(len(prompt_ids), arrival_ns / 1e9)
+        queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
+        finish = functools.partial(self._finish, rid, tally)
+        deltas = self._generate(queue, gen.stop, tally, finish)
         if gen.stream:
             chunks = self._sse(deltas, rid, chat, gen.include_usage, tally)
-            return _AbortingStream(
-                chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
-        text = await _until_disconnect(request, _join(deltas))
+            return _AbortingStream(chunks, finish, media_type="text/event-stream")
+        try:
+            text = await _until_disconnect(request, _join(deltas))
+        finally:
+            finish()
         use = usage(tally.prompt_tokens, tally.completion_tokens, tally.cached_tokens)
         model, created = self.settings.served_model_name, int(time.time())
         if chat:
@@ -226,10 +233,9 @@ class OpenAIServer:
             )
 
     async def _generate(
-        self, req: EngineRequest, stop: list[str], arrival: float, tally: _Tally
+        self, queue: asyncio.Queue, stop: list[str], tally: _Tally, finish: Callable[[], None]
     ) -> AsyncIterator[str]:
-        """The request's text as it arrives, stop strings applied; aborts it in the core if not finished."""
-        queue = await self.client.add(req)
+        """The request's text as it arrives, stop strings applied; `finish()` when it ends."""
         detok, stops = IncrementalDetokenizer(self.tokenizer), StopStrings(stop)
         last = None
         try:
@@ -240,7 +246,7 @@ class OpenAIServer:
                 now = time.monotonic()
                 if out.new_token_ids:
                     if last is None:
-                        self.metrics.ttft.observe(now - arrival)
+                        self.metrics.ttft.observe(now - tally.arrival)
                     else:
                         self.metrics.itl.observe(now - last)
                     last = now
@@ -255,13 +261,20 @@ class OpenAIServer:
                 if text:
                     yield text
         finally:
-            if not self.client.is_finished(req.req_id):
-                self.client.abort(req.req_id)  # stop string, client gone, or an error: free its blocks
-                tally.finish_reason = tally.finish_reason or "abort"
-            self.metrics.e2e.observe(time.monotonic() - arrival)
-            self.metrics.count_finished(
-                tally.finish_reason or "abort", tally.prompt_tokens, tally.completion_tokens
-            )
+            finish()
+
+    def _finish(self, req_id: str, tally: _Tally) -> None:
+        """Once per request, however it ends: abort it in the core if it still runs (stop string,
+        client gone, error), then count it."""
+        if tally.counted:
+            return
+        tally.counted = True
+        if not self.client.is_finished(req_id):
+            self.client.abort(req_id)  # frees its KV blocks at the core's next step
+            tally.finish_reason = tally.finish_reason or "abort"
+        self.metrics.e2e.observe(time.monotonic() - tally.arrival)
+        reason = tally.finish_reason or "abort"
+        self.metrics.count_finished(reason, tally.prompt_tokens, tally.completion_tokens)
 
     async def _sse(
         self, deltas: AsyncIterator[str], rid: str, chat: bool, include_usage: bool, tally: _Tally
@@ -305,13 +318,19 @@ class OpenAIServer:
 
 
 class _AbortingStream(StreamingResponse):
-    """Closes its generator however the response ends, so a gone client's request is aborted now."""
+    """An SSE response that runs `on_close` however it ends, so a gone client's request is aborted
+    at once rather than when the garbage collector closes the generator."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kw: object) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache"}, **kw)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self.on_close()
 
 
 async def _join(deltas: AsyncIterator[str]) -> str:

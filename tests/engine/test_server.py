@@ -350,9 +350,8 @@ def test_admin_api_is_disabled_without_a_token(small_server):
 
 
 def test_full_waiting_queue_answers_429_and_recovers(small_server):
-    body = {"prompt": "queue", "max_tokens": 64, "ignore_eos": True}
-
-    def post(_: int) -> httpx.Response:
+    def post(i: int) -> httpx.Response:  # half of them streaming: both paths count as in flight at once
+        body = {"prompt": "queue", "max_tokens": 64, "ignore_eos": True, "stream": i % 2 == 1}
         return httpx.post(small_server.url + "/v1/completions", json=body, timeout=60)
 
     with cf.ThreadPoolExecutor(12) as ex:
