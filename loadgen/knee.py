@@ -7,6 +7,7 @@ Method (docs/loadgen.md has the reasoning):
    `ln(p99_i / p99_{i-1}) / ln(load_i / load_{i-1})`, is at least `elasticity` (default 1: latency grows as
    fast as load, so by Little's law more load buys no more throughput), and the rise is material: at
    least `min_rise_fraction` of that metric's SLO, or `min_rise_ttft_s` / `min_rise_tpot_s` without one.
+   P99 needs about 100 requests per step to mean anything; with fewer, P90 (10 or more) or P50 stand in.
 3. The knee is the first such step; with none, there is "no knee within the tested range".
 The recommended load is `(1 - headroom)` times the last load before the knee (the highest tested load when
 there is no knee; none when the very first step is past the knee).
@@ -65,19 +66,27 @@ def _fails(step: dict[str, Any], slo: SLO) -> tuple[str, str] | None:
     return None
 
 
+def tail_quantile(num_samples: int) -> int:
+    """The highest of P99, P90, P50 that `num_samples` requests can estimate (about 1/(1-q) samples needed):
+    a P99 of five requests is their maximum, and one slow request would make a knee."""
+    return 99 if num_samples >= 100 else 90 if num_samples >= 10 else 50
+
+
 def _steep(prev: dict, cur: dict, load_ratio: float, slo: SLO, cfg: KneeConfig) -> tuple[str, str] | None:
+    q = tail_quantile(min(prev.get("completed", 100), cur.get("completed", 100)))
     for name, slo_s, floor_s in (
         ("ttft", slo.ttft_s, cfg.min_rise_ttft_s),
         ("tpot", slo.tpot_s, cfg.min_rise_tpot_s),
     ):
-        a, b = prev[f"{name}_s"]["p99"], cur[f"{name}_s"]["p99"]
+        a, b = prev[f"{name}_s"][f"p{q}"], cur[f"{name}_s"][f"p{q}"]
         if a is None or b is None or a <= 0 or b <= a:
             continue
         elasticity = math.log(b / a) / math.log(load_ratio)
         min_rise = cfg.min_rise_fraction * slo_s if slo_s is not None else floor_s
         if elasticity >= cfg.elasticity and b - a >= min_rise:
-            why = f"P99 {name.upper()} {a * 1e3:.0f} -> {b * 1e3:.0f} ms, elasticity {elasticity:.1f} to load"
-            return f"{name}_p99", why
+            label = f"P{q} {name.upper()}"
+            why = f"{label} {a * 1e3:.0f} -> {b * 1e3:.0f} ms, elasticity {elasticity:.1f} to load"
+            return f"{name}_p{q}", why
     return None
 
 

@@ -15,8 +15,8 @@ from loadgen.workloads import Workload
 
 def step(ttft_p99: float, tpot_p99: float = 0.02, attainment: float = 1.0, error_rate: float = 0.0) -> dict:
     return {
-        "ttft_s": {"p99": ttft_p99},
-        "tpot_s": {"p99": tpot_p99},
+        "ttft_s": {"p50": ttft_p99, "p90": ttft_p99, "p99": ttft_p99},
+        "tpot_s": {"p50": tpot_p99, "p90": tpot_p99, "p99": tpot_p99},
         "slo_attainment": attainment,
         "error_rate": error_rate,
     }
@@ -157,3 +157,18 @@ def test_a_run_with_no_completed_step_still_reports(tmp_path):
     assert r["knee"]["index"] == 0 and r["recommended_load"] is None and r["interrupted"]
     assert "interrupted" in table(r)
     assert len(write_plots(r, tmp_path / "r.json")) == 2
+
+
+def test_with_few_requests_per_step_a_robust_quantile_stands_in_for_p99():
+    def small(p50: float, p99: float) -> dict:
+        s = step(p99)
+        s["ttft_s"] = {"p50": p50, "p90": p99, "p99": p99}
+        s["completed"] = 5
+        return s
+
+    loads = [1, 2, 4]
+    one_slow_request = [small(0.1, 0.4), small(0.1, 1.5), small(0.12, 1.6)]
+    assert not find_knee(loads, one_slow_request, SLO_SET, KneeConfig()).found
+    queueing = [small(0.1, 0.4), small(0.1, 0.5), small(0.9, 1.6)]
+    knee = find_knee(loads, queueing, SLO_SET, KneeConfig())
+    assert (knee.index, knee.metric) == (2, "ttft_p50")
