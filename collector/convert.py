@@ -212,12 +212,23 @@ def _raw(v: Any) -> Any:
 
 
 def attrs(kvs: Any) -> dict[str, str]:
-    """Repeated KeyValue -> {key: AsString(value)}; the common string case stays inline for speed."""
+    """Repeated KeyValue -> {key: AsString(value)}; strings, ints and doubles stay inline for speed."""
     out = {}
     for kv in kvs:
         v = kv.value
-        if v.WhichOneof("value") == "string_value":
+        kind = v.WhichOneof("value")
+        if kind == "string_value":
             out[kv.key] = v.string_value
+        elif kind == "int_value":
+            out[kv.key] = str(v.int_value)
+        elif kind == "double_value":
+            text = repr(v.double_value)
+            if text[-2:] == ".0":
+                out[kv.key] = text[:-2] if len(text) < 18 else float_str(v.double_value)
+            elif "e" in text or "n" in text:  # exponents, nan, inf: Go's spelling differs from Python's
+                out[kv.key] = float_str(v.double_value)
+            else:
+                out[kv.key] = text
         else:
             out[kv.key] = value_str(v)
     return out
@@ -464,6 +475,24 @@ def logs(request: Any) -> Batch:
         batch.tables.clear()
         batch.columns.clear()
     return batch
+
+
+def merge(batches: list[Batch]) -> Batch:
+    """One batch holding the rows of several (same columns per table), for a single insert per table."""
+    if len(batches) == 1:
+        return batches[0]
+    out = Batch()
+    for b in batches:
+        for table, cols in b.tables.items():
+            if table not in out.tables:
+                out.tables[table] = [list(c) for c in cols]
+                out.columns[table] = b.columns[table]
+            else:
+                for acc, col in zip(out.tables[table], cols, strict=True):
+                    acc.extend(col)
+        out.rejected += b.rejected
+        out.errors.extend(b.errors)
+    return out
 
 
 CONVERTERS = {"traces": traces, "metrics": metrics, "logs": logs}

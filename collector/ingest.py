@@ -1,12 +1,14 @@
-"""Acknowledge a batch only once it is in the store or fsynced to the spool; drain the spool with retries.
+"""Acknowledge a batch once it is fsynced to the spool; insert spooled batches into the store in groups.
 
-    request -> decode -> columns -> insert (token) ------------------------------> ack
-                                      | store down or failing
-                                      v
-                                 spool.put (fsync) --> ack      drainer thread: spool -> insert (same token)
+    request -> decode -> columns -> spool.put (fsync) -> ack          (columns kept in memory, bounded)
+                                        |
+    insert thread: pending entries -> group manifest (fsync) -> one insert per table (group token)
+                   -> remove entries, then the manifest
 
-The de-duplication token is a hash of the batch's bytes, so a replay after a crash, or a client resending a
-batch whose reply it lost, is stored once.
+Every batch takes the same road, so "acknowledged" always means "on disk", whether the store is up, slow or
+unreachable, and the store sees few large inserts instead of many small ones: ClickHouse's cost per insert
+(a part per table and per view) is what limits a row-at-a-time pipeline, not the rows. A group replayed
+after a crash carries the token it was recorded with, so ClickHouse drops what had already gone in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from collector import convert, otlp
 from collector.spool import Entry, Spool, SpoolFull
@@ -23,7 +26,11 @@ from collector.store import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-MAX_DRAIN_ATTEMPTS = 5  # store errors (not outages) on one batch before it is set aside in spool/failed
+GROUP_MAX_ROWS = 100_000  # rows per insert; bounds the memory of one insert
+CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread; past it, re-decoded from disk
+GROUP_MIN_ROWS = 20_000  # below this, wait up to LINGER_S for more: fewer, larger parts for ClickHouse
+LINGER_S = 0.2
+MAX_ATTEMPTS = 5  # store errors (not outages) on one group before it is split, or one batch set aside
 
 
 class Backpressure(Exception):
@@ -37,15 +44,14 @@ class Backpressure(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one export request: how many items were rejected and why, and where it went."""
+    """What happened to one export request: how many items were rejected, and why."""
 
     rejected: int
     error_message: str
-    spooled: bool
 
 
 class Ingestor:
-    """Owns the store connection, the spool and the drain thread of one collector."""
+    """Owns the store connection, the spool and the insert thread of one collector."""
 
     def __init__(
         self, dsn: str, spool: Spool, *, ttl_days: int = 0, max_inflight: int = 64, retry_after_s: int = 2
@@ -63,22 +69,27 @@ class Ingestor:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cache: dict[str, convert.Batch] = {}  # spool file name -> its columns
+        self._cached_rows = 0
         self._attempts: dict[str, int] = {}
+        self._alone: set[str] = set()  # entries to insert one by one after their group kept failing
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Open the spool and the store, then start draining. A server that does not answer is not fatal
-        (batches spool until it does); a chDB directory held by another process is (StoreError)."""
+        """Open the spool and the store, then start inserting. A server that does not answer is not
+        fatal (batches spool until it does); a chDB directory held by another process is (StoreError)."""
         self.spool.open()
         try:
             self._connect()
         except StoreUnavailable as e:
             log.warning("%s; spooling until it answers", e)
-        self._thread = threading.Thread(target=self._drain_loop, name="spool-drain", daemon=True)
+            self.store_error = str(e)
+        self._thread = threading.Thread(target=self._insert_loop, name="spool-insert", daemon=True)
         self._thread.start()
 
-    def stop(self, drain_timeout_s: float = 5.0) -> None:
-        """Stop draining (what is left stays spooled for the next start) and close the store."""
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Insert what is spooled (for up to `drain_timeout_s`), stop, close the store. What is left
+        stays spooled for the next start."""
         deadline = time.monotonic() + drain_timeout_s
         while self.spool.count and self._healthy and time.monotonic() < deadline:
             self._wake.set()
@@ -86,15 +97,10 @@ class Ingestor:
         self._stop.set()
         self._wake.set()
         if self._thread:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=60)
         if self.store:
             self.store.close()
             self.store = None
-
-    @property
-    def healthy(self) -> bool:
-        """True while the store takes inserts."""
-        return self._healthy
 
     def status(self) -> dict[str, object]:
         return {
@@ -105,134 +111,180 @@ class Ingestor:
             "failed_batches": self.spool.failed_count(),
         }
 
+    def wait_drained(self, timeout_s: float) -> bool:
+        """Block until nothing is spooled (True) or `timeout_s` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.spool.count and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.02)
+        return not self.spool.count
+
     # --- ingest ---------------------------------------------------------------------------------------
     def submit(self, signal: str, decoded: otlp.Decoded) -> Outcome:
-        """Store one decoded export request, or spool it; return only once it is durable.
+        """Make one decoded export request durable (fsynced to the spool) and return what was rejected.
         Raises Backpressure when too many requests are in flight or the spool is full."""
         with self._lock:
             if self._inflight >= self.max_inflight:
                 raise Backpressure(429, "too many concurrent export requests", self.retry_after_s)
             self._inflight += 1
         try:
-            arrival_ns = time.time_ns()
             batch = convert.CONVERTERS[signal](decoded.message)
-            if not batch.tables:
-                return Outcome(batch.rejected, batch.error_message, spooled=False)
-            token = batch_token(signal, decoded.payload)
-            if self._healthy and self.store is not None:
+            if batch.tables:
+                token = batch_token(signal, decoded.payload)
                 try:
-                    self._insert(self.store, batch, token)
-                    return Outcome(batch.rejected, batch.error_message, spooled=False)
-                except StoreError as e:
-                    self._mark_down(e)
-            try:
-                self.spool.put(signal, token, decoded.payload, arrival_ns)
-            except SpoolFull as e:
-                raise Backpressure(
-                    503, f"{e}; the store is {self.store_error or 'behind'}", self.retry_after_s * 5
-                ) from e
-            self._wake.set()
-            return Outcome(batch.rejected, batch.error_message, spooled=True)
+                    entry = self.spool.put(signal, token, decoded.payload, time.time_ns())
+                except SpoolFull as e:
+                    detail = f"{e}; the store is {self.store_error or 'behind'}"
+                    raise Backpressure(503, detail, self.retry_after_s * 5) from e
+                rows = _rows(batch)
+                with self._lock:
+                    if self._cached_rows + rows <= CACHE_MAX_ROWS:
+                        self._cache[entry.path.name] = batch
+                        self._cached_rows += rows
+                self._wake.set()
+            return Outcome(batch.rejected, batch.error_message)
         finally:
             with self._lock:
                 self._inflight -= 1
 
-    # --- internals ------------------------------------------------------------------------------------
-    def _connect(self) -> Store:
-        self.store = Store.open(self.dsn, ttl_days=self.ttl_days)
-        self._healthy = True
-        self.store_error = ""
-        log.info("store %s open", self.store.target.description)
-        return self.store
-
-    def _mark_down(self, e: Exception) -> None:
-        if self._healthy:
-            log.warning("store failed, spooling: %s", e)
-        self._healthy = False
-        self.store_error = str(e)
-        self._wake.set()
-
-    @staticmethod
-    def _insert(store: Store, batch: convert.Batch, token: str) -> None:
-        for table, columns in batch.tables.items():
-            store.insert(table, batch.columns[table], columns, token=token)
-
-    def _drain_loop(self) -> None:
-        backoff = 0.25
+    # --- the insert thread ----------------------------------------------------------------------------
+    def _insert_loop(self) -> None:
+        backoff = 0.1
         while not self._stop.is_set():
             try:
-                progressed = self._drain_once()
+                progressed = self._insert_once()
             except StoreError as e:
                 self._mark_down(e)
                 progressed = False
-            except Exception:  # the drain thread must outlive any surprise; the batch stays spooled
-                log.exception("spool drain failed")
+            except Exception:  # the thread must outlive any surprise; the batches stay spooled
+                log.exception("inserting spooled batches failed")
                 progressed = False
             if progressed:
-                backoff = 0.25
+                backoff = 0.1
                 continue
-            wait = backoff if (self.spool.count or not self._healthy) else 1.0
-            self._wake.wait(timeout=wait)
+            idle = not self.spool.count and self._healthy
+            self._wake.wait(timeout=1.0 if idle else backoff)
             self._wake.clear()
-            backoff = min(backoff * 2, 10.0) if (self.spool.count or not self._healthy) else 0.25
+            backoff = 0.1 if idle else min(backoff * 2, 10.0)
 
-    def _drain_once(self) -> bool:
-        """Insert spooled batches oldest first; True if any went in."""
-        if self.store is None:
-            try:
-                self._connect()
-            except StoreUnavailable as e:
-                self.store_error = str(e)
-                return False
-        store = self.store
-        entries = self.spool.pending()
-        if not entries:
-            if not self._healthy:  # a failed direct insert with nothing spooled: probe the store
+    def _insert_once(self) -> bool:
+        """Finish recorded groups, then group and insert pending entries. True if anything went in."""
+        store = self.store or self._connect()
+        progressed = False
+        for manifest, token, entries in self.spool.groups():
+            progressed |= self._insert_group(store, manifest, token, entries)
+        pending = self.spool.pending()
+        if not pending:
+            if not self._healthy:  # nothing to insert: probe the store so /health tells the truth
                 store.query("SELECT 1")
-                self._healthy, self.store_error = True, ""
-            return False
-        done = 0
-        for entry in entries:
-            if self._stop.is_set():
+                self._set_up()
+            return progressed
+        if self._should_linger(pending):
+            time.sleep(0.02)
+            return progressed
+        group, rows = [], 0
+        for entry in pending:
+            if entry.path.name in self._alone:
+                if not group:
+                    group = [entry]
                 break
-            try:
-                if not self._replay(store, entry):
-                    continue
-            except StoreUnavailable:
-                raise
-            except StoreError as e:
-                if not self._count_failure(entry, e):
-                    raise
-                continue
-            self.spool.remove(entry)
-            self._attempts.pop(entry.token, None)
-            done += 1
-            self._healthy, self.store_error = True, ""
-        if done:
-            log.info("drained %d spooled batch(es), %d left", done, self.spool.count)
-        return done > 0
+            group.append(entry)
+            rows += self._rows_of(entry)
+            if rows >= GROUP_MAX_ROWS or self._stop.is_set():
+                break
+        token = batch_token("group", "".join(e.token for e in group).encode())
+        manifest = self.spool.write_group(token, group)
+        return self._insert_group(store, manifest, token, group) or progressed
 
-    def _replay(self, store: Store, entry: Entry) -> bool:
-        """Insert one spooled batch; False if it could not be read and was set aside instead."""
+    def _should_linger(self, pending: list[Entry]) -> bool:
+        if self._stop.is_set() or any(e.path.name in self._alone for e in pending):
+            return False
+        oldest_age_s = (time.time_ns() - int(pending[0].path.name[:20])) / 1e9
+        return oldest_age_s < LINGER_S and sum(map(self._rows_of, pending)) < GROUP_MIN_ROWS
+
+    def _insert_group(self, store: Store, manifest: Path, token: str, entries: list[Entry]) -> bool:
+        if not entries:
+            self.spool.drop_group(manifest)
+            return False
+        batches = [b for b in (self._batch_of(e) for e in entries) if b is not None]
+        merged = convert.merge(batches) if batches else convert.Batch()
+        try:
+            for table, columns in merged.tables.items():
+                store.insert(table, merged.columns[table], columns, token=token)
+        except StoreUnavailable:
+            raise
+        except StoreError as e:
+            self._count_failure(manifest, token, entries, e)
+            return False
+        self.spool.finish_group(manifest, entries)
+        self._forget(entries)
+        self._set_up()
+        return True
+
+    def _batch_of(self, entry: Entry) -> convert.Batch | None:
+        batch = self._cache.get(entry.path.name)
+        if batch is not None:
+            return batch
         try:
             message = otlp.parse_canonical(entry.signal, self.spool.read(entry))
-        except Exception as e:  # a spool file that no longer parses can never be inserted
+        except Exception as e:  # a spool file that does not parse can never be inserted
             target = self.spool.set_aside(entry)
             log.error("spooled batch %s does not parse (%s); moved to %s", entry.path.name, e, target)
-            return False
-        self._insert(store, convert.CONVERTERS[entry.signal](message), entry.token)
-        return True
+            return None
+        return convert.CONVERTERS[entry.signal](message)
 
-    def _count_failure(self, entry: Entry, e: StoreError) -> bool:
-        """Count a store error on one batch; set it aside after MAX_DRAIN_ATTEMPTS. True when set aside."""
-        n = self._attempts.get(entry.token, 0) + 1
-        self._attempts[entry.token] = n
-        if n < MAX_DRAIN_ATTEMPTS:
-            return False
-        target = self.spool.set_aside(entry)
-        self._attempts.pop(entry.token, None)
-        log.error("store refused spooled batch %d times (%s); moved to %s", n, e, target)
-        return True
+    def _rows_of(self, entry: Entry) -> int:
+        batch = self._cache.get(entry.path.name)
+        # an uncached entry is about 400 bytes a row in protobuf: a good enough guess for sizing groups
+        return _rows(batch) if batch is not None else max(1, entry.size // 400)
+
+    def _forget(self, entries: list[Entry]) -> None:
+        with self._lock:
+            for entry in entries:
+                batch = self._cache.pop(entry.path.name, None)
+                if batch is not None:
+                    self._cached_rows -= _rows(batch)
+                self._alone.discard(entry.path.name)
+
+    def _count_failure(self, manifest: Path, token: str, entries: list[Entry], e: StoreError) -> None:
+        """A store error that is not an outage: retry; then split the group; then set the batch aside."""
+        n = self._attempts.get(token, 0) + 1
+        self._attempts[token] = n
+        log.warning("store refused group %s (attempt %d): %s", token[:8], n, e)
+        if n < MAX_ATTEMPTS:
+            return
+        self._attempts.pop(token, None)
+        if len(entries) > 1:
+            self._alone.update(entry.path.name for entry in entries)
+            self.spool.drop_group(manifest)
+            return
+        target = self.spool.set_aside(entries[0])
+        self.spool.drop_group(manifest)
+        self._forget(entries)
+        log.error("store refused spooled batch %d times; moved to %s", n, target)
+
+    def _connect(self) -> Store:
+        try:
+            self.store = Store.open(self.dsn, ttl_days=self.ttl_days)
+        except StoreError as e:
+            self.store_error = str(e)
+            raise
+        self._set_up()
+        log.info("store %s open", self.store.target.description)
+        return self.store
+
+    def _set_up(self) -> None:
+        self._healthy, self.store_error = True, ""
+
+    def _mark_down(self, e: Exception) -> None:
+        if self._healthy:
+            log.warning("store failed, spooling until it recovers: %s", e)
+        self._healthy = False
+        self.store_error = str(e)
+
+
+def _rows(batch: convert.Batch) -> int:
+    return sum(batch.rows(t) for t in batch.tables)
 
 
 def batch_token(signal: str, payload: bytes) -> str:

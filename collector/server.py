@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -59,19 +59,19 @@ def create_app(config: CollectorConfig) -> FastAPI:
     app.state.ingestor = ingestor
     expected = f"Bearer {config.token}".encode() if config.token else None
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):  # type: ignore[no-untyped-def]
-        path = request.url.path
-        if expected is not None and (path.startswith("/v1/") or path.startswith("/api")):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                await _drain(request)
-                return JSONResponse(
-                    {"error": "missing or wrong bearer token"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        return await call_next(request)
+    async def authenticate(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            await _drain(request)
+            raise HTTPProblem(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+    def ingest(signal: str, body: bytes, content_type: str | None, encoding: str | None) -> tuple[str, bytes]:
+        kind = otlp.media_type(content_type)
+        decoded = otlp.decode(signal, otlp.decompress(body, encoding, config.max_body_bytes), kind)
+        outcome = ingestor.submit(signal, decoded)
+        return kind, otlp.encode_response(signal, kind, outcome.rejected, outcome.error_message)
 
     @app.exception_handler(HTTPProblem)
     async def problem(request: Request, exc: HTTPProblem) -> Response:
@@ -85,17 +85,17 @@ def create_app(config: CollectorConfig) -> FastAPI:
     async def health() -> dict[str, object]:
         return {"status": "ok", **ingestor.status()}
 
-    @app.post("/v1/{signal}")
+    @app.post("/v1/{signal}", dependencies=[Depends(authenticate)])
     async def export(signal: str, request: Request) -> Response:
         if signal not in otlp.SIGNALS:
             await _drain(request)
             raise HTTPProblem(404, f"unknown signal {signal!r}: use /v1/traces, /v1/metrics or /v1/logs")
         body = await _read_body(request, config.max_body_bytes)
+        headers = request.headers
         try:
-            kind = otlp.media_type(request.headers.get("content-type"))
-            raw = otlp.decompress(body, request.headers.get("content-encoding"), config.max_body_bytes)
-            decoded = await run_in_threadpool(otlp.decode, signal, raw, kind)
-            outcome = await run_in_threadpool(ingestor.submit, signal, decoded)
+            kind, reply = await run_in_threadpool(
+                ingest, signal, body, headers.get("content-type"), headers.get("content-encoding")
+            )
         except otlp.UnsupportedMediaType as e:
             raise HTTPProblem(415, str(e)) from None
         except otlp.PayloadTooLarge as e:
@@ -104,10 +104,9 @@ def create_app(config: CollectorConfig) -> FastAPI:
             raise HTTPProblem(400, str(e)) from None
         except Backpressure as e:
             raise HTTPProblem(e.status, str(e), {"Retry-After": str(e.retry_after_s)}) from None
-        reply = otlp.encode_response(signal, kind, outcome.rejected, outcome.error_message)
         return Response(reply, status_code=200, media_type=kind)
 
-    app.include_router(api_router)
+    app.include_router(api_router, dependencies=[Depends(authenticate)])
     return app
 
 

@@ -1,14 +1,20 @@
-"""An on-disk spool of export requests: what is acknowledged but not yet in the store.
+"""An on-disk spool of export requests: the write-ahead log between acknowledgement and the store.
 
 One file per batch, named `<arrival ns>-<signal>-<token>.otlp`, holding the request's protobuf bytes. A file
 is written under a temporary name, fsynced, renamed into place and the directory fsynced, so after `put()`
 returns the batch survives `kill -9` and power loss; a temporary file left by a crash was never
-acknowledged and is removed on open. The token (a hash of the payload) rides along so that a replay is
-de-duplicated by the store. The spool is bounded in bytes: `put()` past the bound raises `SpoolFull`.
+acknowledged and is removed on open. The spool is bounded in bytes: `put()` past the bound raises
+`SpoolFull`.
+
+Batches are inserted in groups. Before a group's insert, a manifest (`groups/<token>.json`: the group's
+de-duplication token and its entries) is fsynced; after the insert, the entries and then the manifest are
+removed. A crash anywhere in between leaves the manifest, and the group is replayed exactly as it was, with
+the same token, so ClickHouse drops whatever part of it had already gone in.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -38,6 +44,7 @@ class Spool:
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
         self.directory = Path(directory)
         self.failed_directory = self.directory / "failed"
+        self.groups_directory = self.directory / "groups"
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._bytes = 0
@@ -45,8 +52,8 @@ class Spool:
 
     def open(self) -> Spool:
         """Create the directory, drop unacknowledged temporary files, count what is pending."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for tmp in self.directory.glob(".tmp-*"):
+        self.groups_directory.mkdir(parents=True, exist_ok=True)
+        for tmp in [*self.directory.glob(".tmp-*"), *self.groups_directory.glob(".tmp-*")]:
             tmp.unlink(missing_ok=True)
         entries = self.pending()
         with self._lock:
@@ -130,8 +137,53 @@ class Spool:
             self._count -= 1
         return target
 
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
+    # --- groups ---------------------------------------------------------------------------------------
+    def write_group(self, token: str, entries: list[Entry]) -> Path:
+        """Durably record that `entries` go into the store together under `token`."""
+        path = self.groups_directory / f"{token}.json"
+        tmp = self.groups_directory / f".tmp-{token}.json"
+        text = json.dumps({"token": token, "entries": [e.path.name for e in entries]})
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._fsync_dir(self.groups_directory)
+        return path
+
+    def groups(self) -> list[tuple[Path, str, list[Entry]]]:
+        """Recorded groups not yet finished: (manifest, token, entries still present)."""
+        out = []
+        for path in sorted(self.groups_directory.glob("*.json")):
+            try:
+                manifest = json.loads(path.read_text())
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)  # written under a temporary name, so never half-written
+                continue
+            entries = []
+            for name in manifest["entries"]:
+                m = _NAME.fullmatch(name)
+                entry_path = self.directory / name
+                if m and entry_path.exists():
+                    entries.append(Entry(entry_path, m.group(2), m.group(3), entry_path.stat().st_size))
+            out.append((path, manifest["token"], entries))
+        return out
+
+    def finish_group(self, manifest: Path, entries: list[Entry]) -> None:
+        """The group is in the store: remove its entries, make that durable, then remove the manifest."""
+        for entry in entries:
+            self.remove(entry)
+        self._fsync_dir()
+        manifest.unlink(missing_ok=True)
+
+    def drop_group(self, manifest: Path) -> None:
+        """Forget a grouping (its entries stay spooled and are grouped again later)."""
+        manifest.unlink(missing_ok=True)
+
+    def _fsync_dir(self, directory: Path | None = None) -> None:
+        fd = os.open(directory or self.directory, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
