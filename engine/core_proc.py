@@ -13,9 +13,13 @@ pending without blocking, runs a step while there is work, and blocks on the soc
 The core process exits when the front end goes away (EOF on the socket, or the parent-death
 signal), so it can never be orphaned.
 
-Instrumentation hook: `CoreLoop(event_sink=...)` (or `--event-sink module:factory`) receives the
-typed events of `core.drain_events()` once per step. This module never imports OpenTelemetry; a
+Instrumentation hook: `CoreLoop(event_sink=...)` (in the process: `start_core_process(config,
+event_sink="module:factory")`, `factory(options) -> sink`) receives the typed events of
+`core.drain_events()` once per step. This module never imports OpenTelemetry; a
 sink that fails is reported once and dropped, never breaking the step loop.
+
+Both ends of the boundary live here: `main`/`CoreLoop` in the child; `start_core_process`,
+`CoreProcess` and the asyncio `AsyncEngineClient` in the front end.
 """
 
 from __future__ import annotations

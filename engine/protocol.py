@@ -22,6 +22,7 @@ import struct
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.config import SamplingParams
 from engine.request import EngineRequest, RequestOutput, RequestTimings
@@ -114,17 +115,6 @@ class Shutdown:
 
 
 Message = Add | Abort | Outputs | AdminGet | AdminSet | AdminReply | Error | Ready | Shutdown
-_KINDS: dict[type, int] = {
-    Add: 1,
-    Abort: 2,
-    Outputs: 3,
-    AdminGet: 4,
-    AdminSet: 5,
-    AdminReply: 6,
-    Error: 7,
-    Ready: 8,
-    Shutdown: 9,
-}
 
 
 # -- primitive writers and readers ---------------------------------------------------------------
@@ -305,18 +295,7 @@ def _dec_abort(r: _Reader) -> Abort:
 
 
 def _enc_outputs(buf: bytearray, m: Outputs) -> None:
-    s = m.stats
-    buf += _STATS.pack(
-        s.running,
-        s.waiting,
-        s.kv_blocks_used,
-        s.kv_blocks_total,
-        s.kv_usage,
-        s.prefix_cache_queries,
-        s.prefix_cache_hits,
-        s.preemptions_total,
-        s.events_dropped,
-    )
+    buf += _STATS.pack(*(getattr(m.stats, name) for name in EngineStats.__slots__))
     buf += _U32.pack(len(m.outputs))
     for o in m.outputs:
         _put_str(buf, o.req_id)
@@ -409,25 +388,18 @@ def _json_object(r: _Reader) -> dict[str, object]:
     return obj
 
 
-_ENCODERS: dict[int, Callable[[bytearray, Message], None]] = {
-    1: _enc_add,
-    2: _enc_abort,
-    3: _enc_outputs,
-    4: _enc_admin_get,
-    5: _enc_admin_set,
-    6: _enc_admin_reply,
-    7: _enc_error,
-    8: _enc_ready,
-    9: _enc_shutdown,
-}
-_DECODERS: dict[int, Callable[[_Reader], Message]] = {
-    1: _dec_add,
-    2: _dec_abort,
-    3: _dec_outputs,
-    4: _dec_admin_get,
-    5: _dec_admin_set,
-    6: _dec_admin_reply,
-    7: _dec_error,
-    8: _dec_ready,
-    9: _dec_shutdown,
-}
+# The wire kind of a message is its position here, from 1: append new kinds, never reorder.
+_TABLE: list[tuple[type, Callable[[bytearray, Any], None], Callable[[_Reader], Message]]] = [
+    (Add, _enc_add, _dec_add),
+    (Abort, _enc_abort, _dec_abort),
+    (Outputs, _enc_outputs, _dec_outputs),
+    (AdminGet, _enc_admin_get, _dec_admin_get),
+    (AdminSet, _enc_admin_set, _dec_admin_set),
+    (AdminReply, _enc_admin_reply, _dec_admin_reply),
+    (Error, _enc_error, _dec_error),
+    (Ready, _enc_ready, _dec_ready),
+    (Shutdown, _enc_shutdown, _dec_shutdown),
+]
+_KINDS = {cls: kind for kind, (cls, _, _) in enumerate(_TABLE, 1)}
+_ENCODERS = {kind: enc for kind, (_, enc, _) in enumerate(_TABLE, 1)}
+_DECODERS = {kind: dec for kind, (_, _, dec) in enumerate(_TABLE, 1)}

@@ -10,12 +10,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+
+from engine.config import EngineConfig, SamplingParams
+from engine.core import EngineCore
+from engine.core_proc import Channel, CoreLoop
+from engine.events import StepEvent
+from engine.protocol import Add, Outputs, Shutdown, get_codec
+from engine.request import EngineRequest
 
 ADMIN_TOKEN = "test-admin-token"
 # The installed console script, as users run it (`python -m stepscope.cli` would load cli.py twice).
@@ -401,3 +409,35 @@ def test_a_core_that_fails_to_start_is_reported(tmp_path):
     cmd = [STEPSCOPE, "serve", "--dtype", "int3", "--port", str(_free_port())]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "the engine core failed to start" in r.stderr and "int3" in r.stderr
+
+
+# -- the core loop, in process -------------------------------------------------------------------
+def test_core_loop_hands_events_to_the_sink_once_per_step_and_survives_a_broken_one():
+    def run(sink) -> list[Outputs]:
+        core = EngineCore(EngineConfig(model="tiny", num_threads=1, num_kv_blocks=64), record_events=True)
+        ours, theirs = socket.socketpair()
+        loop = threading.Thread(target=CoreLoop(core, Channel(theirs, get_codec()), sink).run)
+        loop.start()
+        front = Channel(ours, get_codec())
+        front.send(Add(EngineRequest("r1", [256, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))))
+        frames: list[Outputs] = []
+        while not any(o.finished for f in frames for o in f.outputs):
+            frames += [m for m in front.receive(block=True) if isinstance(m, Outputs)]
+        front.send(Shutdown())
+        loop.join(30)
+        ours.close()
+        theirs.close()
+        assert not loop.is_alive()
+        assert not core.drain_events()  # drained every step: nothing piles up
+        return frames
+
+    batches: list[list] = []
+    frames = run(batches.append)
+    steps = [e for b in batches for e in b if isinstance(e, StepEvent)]
+    assert len(steps) == len(frames) == 4  # one prefill step that samples, three decode steps
+
+    def broken(events):
+        raise RuntimeError("observer bug")
+
+    frames = run(broken)
+    assert sum(len(o.new_token_ids) for f in frames for o in f.outputs) == 4
