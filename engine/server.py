@@ -299,7 +299,7 @@ class OpenAIServer:
                 else:
                     yield sse(completion_body(rid, created, model, None, None, use))
         except CoreError as e:  # the status line is long gone: report in the stream, as vLLM does
-            yield sse(APIError(500 if e.fatal else 400, str(e), type="server_error").body())
+            yield sse(_core_error(e).body())
         finally:
             await deltas.aclose()
         yield SSE_DONE
@@ -351,10 +351,13 @@ async def _until_disconnect(request: Request, work: object) -> str:
         raise APIError(499, "client disconnected")
     exc = task.exception()
     if isinstance(exc, CoreError):
-        raise APIError(
-            500 if exc.fatal else 400, str(exc), type="server_error" if exc.fatal else None
-        ) from None
+        raise _core_error(exc) from None
     return task.result()
+
+
+def _core_error(e: CoreError) -> APIError:
+    """The core refused the request (400), or the core is gone (500)."""
+    return APIError(500, str(e), type="server_error") if e.fatal else APIError(400, str(e))
 
 
 async def _disconnected(request: Request) -> None:

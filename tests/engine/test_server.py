@@ -441,3 +441,21 @@ def test_core_loop_hands_events_to_the_sink_once_per_step_and_survives_a_broken_
 
     frames = run(broken)
     assert sum(len(o.new_token_ids) for f in frames for o in f.outputs) == 4
+
+
+# -- stop strings, pure --------------------------------------------------------------------------
+def test_stop_strings_cut_at_the_first_match_even_across_pieces():
+    from engine.openai_protocol import StopStrings
+
+    s = StopStrings(["END", "!!"])
+    sent = [s.push(piece) for piece in ("hello E", "N", "D world")]
+    assert "".join(sent) == "hello " and s.stopped
+    assert sent[0] == "hello"  # the tail " E" could begin "END" (or "!!"): held back
+
+
+def test_stop_strings_release_the_held_tail_at_the_end():
+    from engine.openai_protocol import StopStrings
+
+    s = StopStrings(["END"])
+    assert s.push("the E") == "the" and s.push("N") == " " and not s.stopped
+    assert s.flush() == "EN"
