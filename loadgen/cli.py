@@ -258,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot write results beside {out}: {e.strerror}") from None
     models = check_server(cfg.url)
+    if cfg.model and models and cfg.model not in models:
+        raise UsageError(f"model {cfg.model!r} is not served at {cfg.url} (it serves: {', '.join(models)})")
     cfg.model = cfg.model or (models[0] if models else "default")
     cfg.tracer, shutdown_tracing = make_tracer(configured_endpoint(args.otlp_endpoint))
     bar = ProgressLine(len(cfg.loads), cfg.load_kind)

@@ -24,7 +24,9 @@ from loadgen.workloads import LengthDist, Workload, WorkloadConfig, WorkloadShif
 
 pytest.importorskip("engine.serve_cli", reason="the server (stepscope serve) has not landed yet")
 
-STEPSCOPE = [sys.executable, "-m", "stepscope.cli"]
+# the console script, not `python -m stepscope.cli`: run as __main__, that module's UsageError would be a
+# second class, distinct from the one loadgen raises
+STEPSCOPE = [str(Path(sys.executable).with_name("stepscope"))]
 
 
 def _free_port() -> int:
@@ -173,3 +175,14 @@ def test_ctrl_c_writes_the_partial_results(server, tmp_path):
     assert r["interrupted"] is True and len(r["steps"]) == 1 and r["steps"][0]["interrupted"]
     assert "cancelled" not in r["steps"][0]["errors"]  # cut by the operator, not failed by the server
     assert "interrupted: partial results" in stdout
+
+
+def test_a_model_the_server_does_not_serve_is_a_usage_error(server, tmp_path):
+    proc = subprocess.run(
+        _bench(server, tmp_path / "r.json", "--model", "gpt-9", "--num-requests", "1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not served" in proc.stderr
