@@ -35,8 +35,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim", "max_model_len"):
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "head_dim",
+            "max_model_len",
+        ):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1")
 
@@ -82,7 +91,9 @@ PRESETS: dict[str, ModelConfig] = {
 def preset(name: str) -> ModelConfig:
     """A fresh copy of a named preset (callers may change fields without touching the table)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} or a checkpoint path")
+        raise ValueError(
+            f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} or a checkpoint path"
+        )
     return dataclasses.replace(PRESETS[name])
 
 
@@ -93,14 +104,19 @@ SchedulingMode = Literal["continuous", "static"]
 class EngineConfig:
     """Engine knobs. Field metadata `help` feeds the CLI; `runtime=True` marks knobs the admin API may change."""
 
-    model: str = field(default="tiny", metadata={"help": "preset name (tiny|small|bench) or a HF checkpoint dir"})
+    model: str = field(
+        default="tiny", metadata={"help": "preset name (tiny|small|bench) or a HF checkpoint dir"}
+    )
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda|cuda:N"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA)|fp32|bf16|fp16"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     num_kv_blocks: int = field(
-        default=0, metadata={"help": "KV blocks in the pool (0: sized from --kv-cache-bytes)", "runtime": True}
+        default=0,
+        metadata={"help": "KV blocks in the pool (0: sized from --kv-cache-bytes)", "runtime": True},
     )
-    kv_cache_bytes: int = field(default=256 * 2**20, metadata={"help": "KV-cache budget when num_kv_blocks is 0"})
+    kv_cache_bytes: int = field(
+        default=256 * 2**20, metadata={"help": "KV-cache budget when num_kv_blocks is 0"}
+    )
     max_num_seqs: int = field(default=32, metadata={"help": "most sequences in one step", "runtime": True})
     max_num_batched_tokens: int = field(
         default=512, metadata={"help": "most tokens (prefill+decode) in one step", "runtime": True}
@@ -108,15 +124,21 @@ class EngineConfig:
     enable_chunked_prefill: bool = field(
         default=True, metadata={"help": "split long prompts across steps", "runtime": True}
     )
-    enable_prefix_caching: bool = field(default=True, metadata={"help": "share full prompt blocks across requests"})
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "share full prompt blocks across requests"}
+    )
     long_prefill_token_threshold: int = field(
         default=0,
-        metadata={"help": "cap on one prompt's chunk per step so long prompts cannot starve short ones (0: auto)"},
+        metadata={
+            "help": "cap on one prompt's chunk per step so long prompts cannot starve short ones (0: auto)"
+        },
     )
     scheduling: SchedulingMode = field(
         default="continuous", metadata={"help": "continuous (step-level) or static (fixed padded batches)"}
     )
-    max_waiting: int = field(default=1024, metadata={"help": "bounded waiting queue; beyond it requests get 429"})
+    max_waiting: int = field(
+        default=1024, metadata={"help": "bounded waiting queue; beyond it requests get 429"}
+    )
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads (0: all cores)"})
     seed: int = field(default=0, metadata={"help": "seed for random preset weights"})
 
