@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,18 +80,31 @@ def parse_shift(text: str) -> WorkloadShift:
         ) from None
 
 
+def _bench_default(name: str) -> Any:
+    """A BenchConfig default: the one place it lives."""
+    return next(f.default for f in dataclasses.fields(BenchConfig) if f.name == name)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `bench` options (defaults live in the config dataclasses; these only parse)."""
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name to request (default: the first of GET /v1/models)")
     p.add_argument(
-        "--workload", default="chat", help=f"{'|'.join(BUILTIN_WORKLOADS)} or a .jsonl replay file"
+        "--workload",
+        default=WorkloadConfig().name,
+        help=f"{'|'.join(BUILTIN_WORKLOADS)} or a .jsonl replay file",
     )
     load = p.add_argument_group("load")
     load.add_argument("--rate", type=float, help="open loop: requests per second")
-    load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="arrival process for --rate")
     load.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape: 1/CV^2 of gaps (1 = Poisson)"
+        "--arrival", choices=ARRIVALS, default=_bench_default("arrival"), help="arrival process for --rate"
+    )
+    load.add_argument(
+        "--burstiness",
+        type=float,
+        default=_bench_default("burstiness"),
+        help="gamma shape: 1/CV^2 of gaps (1 = Poisson)",
     )
     load.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
     load.add_argument("--max-concurrency", type=int, help="open loop: cap on requests in flight")
@@ -99,11 +114,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--rate-steps", action="store_true", help="--step-load values are request rates")
     load.add_argument("--duration", help=f"per step, e.g. 30s or 2m (default {DEFAULT_DURATION})")
     load.add_argument("--num-requests", type=int, help="per step, instead of a duration")
-    load.add_argument("--timeout", default="300s", help="per-request timeout")
+    load.add_argument("--timeout", default=f"{_bench_default('timeout_s'):g}s", help="per-request timeout")
     load.add_argument(
-        "--drain-timeout", default="60s", help="how long requests in flight may finish after a step"
+        "--drain-timeout",
+        default=f"{_bench_default('drain_timeout_s'):g}s",
+        help="how long requests in flight may finish after a step",
     )
-    load.add_argument("--warmup", type=int, default=2, help="short unrecorded requests before the first step")
+    load.add_argument(
+        "--warmup",
+        type=int,
+        default=_bench_default("warmup_requests"),
+        help="short unrecorded requests before the first step",
+    )
     slo = p.add_argument_group("SLOs and cost")
     slo.add_argument("--slo-ttft", help="TTFT target, e.g. 2s")
     slo.add_argument("--slo-tpot", help="TPOT target, e.g. 80ms")
@@ -118,8 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     slo.add_argument("--cost-per-hour", type=float, help="machine cost per hour, to price 1,000 requests")
     wl = p.add_argument_group("workload")
-    wl.add_argument("--seed", type=int, default=0)
-    wl.add_argument("--chars-per-token", type=float, default=1.0, help="1.0 for byte tokenizers, ~4 for BPE")
+    wl.add_argument("--seed", type=int, default=WorkloadConfig().seed)
+    wl.add_argument(
+        "--chars-per-token",
+        type=float,
+        default=WorkloadConfig().chars_per_token,
+        help="1.0 for byte tokenizers, ~4 for BPE",
+    )
     wl.add_argument("--max-prompt-tokens", type=int, help="clip prompts (after shifts) to this many tokens")
     wl.add_argument(
         "--shift",

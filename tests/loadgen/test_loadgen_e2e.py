@@ -121,7 +121,16 @@ def test_the_library_runs_a_shifted_workload_with_client_spans(server):
     )
     wl = Workload.load("shared-prefix", cfg)
     opts = RunOptions(model="tiny", tracer=provider.get_tracer("test"))
-    res = asyncio.run(run_load(server, wl, LoadSpec(concurrency=2, num_requests=6), opts))
+    sent: list[str] = []
+
+    async def record_traceparent(request: httpx.Request) -> None:
+        sent.append(request.headers.get("traceparent", ""))
+
+    async def go():
+        async with httpx.AsyncClient(timeout=60.0, event_hooks={"request": [record_traceparent]}) as client:
+            return await run_load(server, wl, LoadSpec(concurrency=2, num_requests=6), opts, client=client)
+
+    res = asyncio.run(go())
     assert [r.error for r in res.records] == [None] * 6
     assert all(r.ok and r.output_tokens >= 4 for r in res.records)
     # the shared system prompt hits the server's prefix cache once it has been seen
@@ -131,6 +140,9 @@ def test_the_library_runs_a_shifted_workload_with_client_spans(server):
     assert all(s.name == SPAN_CLIENT_REQUEST and s.kind == SpanKind.CLIENT for s in spans)
     assert {format(s.context.trace_id, "032x") for s in spans} == {r.trace_id for r in res.records}
     assert all(s.attributes[GEN_AI_LATENCY_TTFT] > 0 for s in spans)
+    # each request carried its span's context, so the server's request span joins the client's trace
+    span_ids = {(format(s.context.trace_id, "032x"), format(s.context.span_id, "016x")) for s in spans}
+    assert {tuple(tp.split("-")[1:3]) for tp in sent} == span_ids
 
 
 def test_server_refusals_and_timeouts_are_counted_by_kind(server, tmp_path):
