@@ -88,3 +88,24 @@ def test_sql_is_select_only_with_a_row_limit(start_collector):
     params = httpx.post(f"{c.url}/api/sql", json={"sql": "SELECT {n:UInt8} + 1", "params": {"n": 41}})
     assert params.json()["rows"] == [[42]]
     assert httpx.post(f"{c.url}/api/sql", json={"query": "SELECT 1"}).status_code == 422
+
+
+def test_readers_answer_the_same_through_the_api_and_from_the_directory(start_collector, tmp_path):
+    from collector.client import open_reader
+
+    c = start_collector()
+    send_requests(c.url, 3)
+    assert c.wait_count("SELECT count() FROM requests", 3) == 3
+    sql, params = (
+        "SELECT request_id FROM requests WHERE ttft_s >= {t:Float64} ORDER BY request_id",
+        {"t": 0.01},
+    )
+    via_api = open_reader(url=c.url)
+    assert via_api.query(sql, params).rows == [["r1"], ["r2"]]
+    via_api.close()
+    c.stop()
+    direct = open_reader(store=f"chdb://{tmp_path / 'data'}")
+    try:
+        assert direct.query(sql, params).rows == [["r1"], ["r2"]]
+    finally:
+        direct.close()
