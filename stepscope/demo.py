@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise UsageError("--max-tokens must be >= 1")
     port = _free_port()
-    cmd = [sys.executable, "-m", "stepscope.cli", "serve", "--model", args.model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "stepscope", "serve", "--model", args.model, "--port", str(port)]
     print(f"starting: stepscope serve --model {args.model} --port {port}", flush=True)
     server = subprocess.Popen(cmd, start_new_session=True)
     try:
