@@ -174,9 +174,21 @@ def _gather_kv(
     """One sequence's context: block_table [max_blocks] -> k, v [seq_len, Hkv, Dh]."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_blocks = -(-seq_len // block_size)
-    kv = kv_cache[:, block_table[:num_blocks]]  # [2, nb, bs, Hkv, Dh]
+    kv = _gather_blocks(kv_cache, block_table[:num_blocks])  # [2, nb, bs, Hkv, Dh]
     kv = kv.view(2, num_blocks * block_size, num_kv_heads, head_dim)[:, :seq_len]
     return kv[0], kv[1]
+
+
+def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """block_ids [N] -> their K and V blocks [2, N, bs, Hkv, Dh].
+
+    One index_select over whole blocks (K rows then V rows of a [2 * num_blocks, block] view) copies
+    contiguous runs: about twice as fast on the CPU as advanced indexing `kv_cache[:, block_ids]`.
+    """
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    rows = kv_cache.view(2 * num_blocks, block_size * num_kv_heads * head_dim)
+    picked = rows.index_select(0, torch.cat([block_ids, block_ids + num_blocks]))
+    return picked.view(2, block_ids.shape[0], block_size, num_kv_heads, head_dim)
 
 
 def _decode_attention(
@@ -197,7 +209,7 @@ def _decode_attention(
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     max_len = max(seq_lens_list)
     num_blocks = -(-max_len // block_size)
-    kv = kv_cache[:, block_tables[:, :num_blocks]]  # [2, B, nb, bs, Hkv, Dh]
+    kv = _gather_blocks(kv_cache, block_tables[:, :num_blocks].reshape(-1))  # [2, B * nb, bs, Hkv, Dh]
     kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)  # [2, B, L, Hkv, Dh]
     if min(seq_lens_list) == max_len:
         kv, mask = kv[:, :, :max_len], None
