@@ -102,7 +102,7 @@ SchedulingMode = Literal["continuous", "static"]
 
 @dataclass(slots=True)
 class EngineConfig:
-    """Engine knobs. Field metadata `help` feeds the CLI; `runtime=True` marks what the admin API may change."""
+    """Engine knobs. Field metadata `help` feeds the CLI; `runtime=True`: the admin API may change it."""
 
     model: str = field(
         default="tiny", metadata={"help": "preset name (tiny|small|bench) or a HF checkpoint dir"}
