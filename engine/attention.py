@@ -118,21 +118,15 @@ def paged_attention(
     if meta.decode_only:
         return _decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, meta.seq_lens_list, scale)
     out = torch.empty_like(q)
+    starts = _starts(meta.query_lens)
     decode_rows = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
     if decode_rows:
-        _mixed_decodes(q, out, kv_cache, meta, decode_rows, scale)
-    starts = _starts(meta)
-    for b, (qlen, slen) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
-        if qlen == 1:
-            continue
-        s, e = starts[b], starts[b] + qlen
-        if qlen == slen:  # no cached prefix: attend over the new tokens themselves
-            out[s:e] = _prefill_attention(q[s:e], k[s:e], v[s:e], None, scale)
-            continue
-        ctx_k, ctx_v = _gather_kv(kv_cache, meta.block_tables[b], slen)
-        # query i sits at position slen - qlen + i: a causal mask shifted right by the prefix
-        mask = torch.ones(qlen, slen, dtype=torch.bool, device=q.device).tril(diagonal=slen - qlen)
-        out[s:e] = _prefill_attention(q[s:e], ctx_k, ctx_v, mask, scale)
+        _mixed_decodes(q, out, kv_cache, meta, decode_rows, starts, scale)
+    for b, qlen in enumerate(meta.query_lens):
+        if qlen > 1:
+            s, e = starts[b], starts[b] + qlen
+            table, seq_len = meta.block_tables[b], meta.seq_lens_list[b]
+            out[s:e] = _prefill_one(q[s:e], k[s:e], v[s:e], kv_cache, table, seq_len, scale)
     return out
 
 
@@ -154,11 +148,30 @@ def dense_attention_reference(
     return (scores.softmax(-1) @ vv).transpose(0, 1).to(q.dtype)  # [Tq, H, Dh]
 
 
-def _starts(meta: AttentionMetadata) -> list[int]:
+def _starts(query_lens: list[int]) -> list[int]:
     starts = [0]
-    for qlen in meta.query_lens:
+    for qlen in query_lens:
         starts.append(starts[-1] + qlen)
     return starts
+
+
+def _prefill_one(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk of new tokens: q [Tq, H, Dh], k and v [Tq, Hkv, Dh] -> [Tq, H, Dh]."""
+    qlen = q.shape[0]
+    if qlen == seq_len:  # no cached prefix: attend over the new tokens themselves, plainly causal
+        return _prefill_attention(q, k, v, None, scale)
+    ctx_k, ctx_v = _gather_kv(kv_cache, block_table, seq_len)  # [S, Hkv, Dh], includes the new tokens
+    # query i sits at position seq_len - qlen + i: a causal mask shifted right by the prefix
+    mask = torch.ones(qlen, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=seq_len - qlen)
+    return _prefill_attention(q, ctx_k, ctx_v, mask, scale)
 
 
 def _write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -228,10 +241,10 @@ def _mixed_decodes(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     decode_rows: list[int],
+    starts: list[int],
     scale: float,
 ) -> None:
     """The decodes of a mixed step, batched: fills their rows of `out`."""
-    starts = _starts(meta)
     token_idx = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
     rows = torch.tensor(decode_rows, dtype=torch.long, device=q.device)
     lens_list = [meta.seq_lens_list[b] for b in decode_rows]
