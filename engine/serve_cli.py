@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 
 from engine.config import PRESETS, EngineConfig
+from instrumentation.config import CORE_SINK, STEPS_EVERY_ENV, TelemetryConfig, telemetry_config
 from stepscope.cli import UsageError
 
 if typing.TYPE_CHECKING:  # heavy imports wait until `run`, so `--help` stays fast
@@ -54,7 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--admin-token",
         help=f"bearer token of /admin/limits (default: ${ADMIN_TOKEN_ENV}; unset: admin disabled)",
     )
-    server.add_argument("--otlp-endpoint", help="OTLP/HTTP endpoint for traces and metrics (instrumentation)")
+    server.add_argument(
+        "--otlp-endpoint",
+        help="OTLP endpoint (base URL) for traces and metrics; turns tracing on "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT; docs/spans.md)",
+    )
+    server.add_argument(
+        "--trace-steps-every",
+        metavar="INT",
+        help=f"export one engine.step span in N (default: ${STEPS_EVERY_ENV} or "
+        f"{TelemetryConfig.__dataclass_fields__['steps_every'].default})",
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -104,14 +115,22 @@ def run(args: argparse.Namespace) -> int:
         otlp_endpoint=args.otlp_endpoint,
     )
     listener = _listen(args.host, args.port)  # before the model loads: a busy port fails fast
+    tele = _telemetry(args, config, settings.served_model_name, listener)
+    settings.telemetry = tele[1] if tele else None
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        core = start_core_process(config, extra={"otlp_endpoint": args.otlp_endpoint})
+        core = start_core_process(
+            config,
+            event_sink=CORE_SINK if tele else None,  # no sink: the core records no events at all
+            extra={"otlp_endpoint": args.otlp_endpoint, "telemetry": tele[0].to_dict() if tele else None},
+        )
     except CoreStartupError as e:
         print(f"stepscope serve: the engine core failed to start: {e}", file=sys.stderr)
         listener.close()
+        _close_telemetry(settings)
         return 1
     except _Terminated:
+        _close_telemetry(settings)
         return 0
     info = core.ready.info
     print(
@@ -128,6 +147,38 @@ def run(args: argparse.Namespace) -> int:
     finally:
         core.stop()
         listener.close()
+        _close_telemetry(settings)
+
+
+def _telemetry(
+    args: argparse.Namespace, config: EngineConfig, model: str, listener: socket.socket
+) -> tuple[TelemetryConfig, object] | None:
+    """(settings, the front end's RequestTracer) when tracing is on; None when off (OpenTelemetry is
+    then never imported). A bad setting is a UsageError."""
+    steps_every = getattr(args, "trace_steps_every", None)
+    port = listener.getsockname()[1]
+    try:
+        if steps_every is not None and not str(steps_every).isdigit():
+            raise ValueError(f"--trace-steps-every: expected an integer, got {steps_every!r}")
+        tele = telemetry_config(
+            args.otlp_endpoint,
+            model=model,
+            instance_id=f"{socket.gethostname()}:{port}",
+            steps_every=int(steps_every) if steps_every is not None else None,
+        )
+        if tele is None:
+            return None
+        from instrumentation.request_spans import open_frontend
+
+        return tele, open_frontend(tele)
+    except ValueError as e:  # TelemetryError is one
+        listener.close()
+        raise UsageError(str(e)) from None
+
+
+def _close_telemetry(settings: ServerSettings) -> None:
+    if settings.telemetry is not None:
+        settings.telemetry.telemetry.shutdown()
 
 
 class _Terminated(BaseException):

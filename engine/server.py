@@ -15,12 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SamplingParams
 from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess
 from engine.metrics import ServerMetrics
 from engine.openai_protocol import (
@@ -41,6 +42,9 @@ from engine.openai_protocol import (
 from engine.request import EngineRequest
 from engine.tokenizer import IncrementalDetokenizer, get_tokenizer
 
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from instrumentation.request_spans import RequestTrace, RequestTracer
+
 MAX_BODY_BYTES = 8 * 2**20  # a request body beyond this is refused with 413 before it is parsed
 _TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 
@@ -52,8 +56,9 @@ class ServerSettings:
     served_model_name: str
     max_waiting: int
     admin_token: str | None = None
-    otlp_endpoint: str | None = None  # carried for the instrumentation; unused here yet
+    otlp_endpoint: str | None = None  # carried for the instrumentation
     max_body_bytes: int = MAX_BODY_BYTES
+    telemetry: RequestTracer | None = None  # instrumentation.request_spans; None: tracing off
 
 
 @dataclass(slots=True)
@@ -66,6 +71,8 @@ class _Tally:
     cached_tokens: int = 0
     finish_reason: str | None = None
     counted: bool = False  # finished and counted in the metrics
+    trace: RequestTrace | None = None  # the request's span, when tracing is on
+    error: str | None = None
 
 
 class OpenAIServer:
@@ -81,6 +88,9 @@ class OpenAIServer:
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
         self.created = int(time.time())
+        self.telemetry = settings.telemetry
+        if self.telemetry is not None:
+            self.telemetry.watch_engine(lambda: self.client.stats)
 
     # -- plain routes --------------------------------------------------------------------------
     async def health(self) -> Response:
@@ -151,15 +161,17 @@ class OpenAIServer:
         max_tokens = self._max_tokens(gen, len(prompt_ids), chat)
         self._admit()
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        sampling = gen.sampling(max_tokens)
+        trace = self._start_trace(rid, arrival_ns, request, sampling, chat)
         engine_req = EngineRequest(
             rid,
             prompt_ids,
-            gen.sampling(max_tokens),
+            sampling,
             arrival_ns=arrival_ns,  # the core's clock is the same CLOCK_MONOTONIC
             cache_salt=gen.cache_salt,
-            trace_context=request.headers.get("traceparent", ""),
+            trace_context=trace.traceparent if trace else request.headers.get("traceparent", ""),
         )
-        tally = _Tally(len(prompt_ids), arrival_ns / 1e9)
+        tally = _Tally(len(prompt_ids), arrival_ns / 1e9, trace=trace)
         queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
         finish = functools.partial(self._finish, rid, tally)
         deltas = self._generate(queue, gen.stop, tally, finish)
@@ -175,6 +187,23 @@ class OpenAIServer:
         if chat:
             return JSONResponse(chat_body(rid, created, model, text, tally.finish_reason, use))
         return JSONResponse(completion_body(rid, created, model, text, tally.finish_reason, use))
+
+    def _start_trace(
+        self, rid: str, arrival_ns: int, request: Request, sampling: SamplingParams, chat: bool
+    ) -> RequestTrace | None:
+        """The request's `llm_request` span, started at its arrival (None with tracing off)."""
+        if self.telemetry is None:
+            return None
+        return self.telemetry.start(
+            rid,
+            arrival_ns,
+            request.headers.get("traceparent"),
+            model=self.settings.served_model_name,
+            operation="chat" if chat else "text_completion",
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+        )
 
     async def _prompt_ids(self, gen: GenerateRequest) -> list[int]:
         if gen.prompt_token_ids is not None:
@@ -242,7 +271,10 @@ class OpenAIServer:
             while tally.finish_reason is None:
                 out = await queue.get()
                 if isinstance(out, Exception):
+                    tally.error = str(out)
                     raise out
+                if tally.trace is not None:
+                    tally.trace.observe(out)
                 now = time.monotonic()
                 if out.new_token_ids:
                     if last is None:
@@ -275,6 +307,8 @@ class OpenAIServer:
         self.metrics.e2e.observe(time.monotonic() - tally.arrival)
         reason = tally.finish_reason or "abort"
         self.metrics.count_finished(reason, tally.prompt_tokens, tally.completion_tokens)
+        if tally.trace is not None:
+            self.telemetry.finish(tally.trace, reason, tally.error)
 
     async def _sse(
         self, deltas: AsyncIterator[str], rid: str, chat: bool, include_usage: bool, tally: _Tally

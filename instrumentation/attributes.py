@@ -75,3 +75,56 @@ LINK_TOKENS = "stepscope.link.tokens"  # on each engine.step -> llm_request link
 RESOURCE_MODEL = "stepscope.model"
 RESOURCE_INSTANCE = "service.instance.id"
 RESOURCE_ROLE = "stepscope.role"  # colocated | prefill | decode | router
+
+# --- added with the instrumentation issue ------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # chat | text_completion
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # input | output (| cached, stepscope's own)
+ERROR_TYPE = "error.type"
+SAMPLING_REASON = "stepscope.sampling.reason"  # why a request span was kept: head | slow | error
+
+# phase spans
+PREFILL_COMPUTED_BEFORE = "stepscope.prefill.computed_before"  # tokens already in the KV cache
+PREFILL_RECOMPUTE = "stepscope.prefill.recompute"  # re-computing a preempted request's tokens
+QUEUE_AFTER_PREEMPTION = "stepscope.queue.after_preemption"
+DECODE_TOKENS = "stepscope.decode.tokens"  # output tokens after the first
+
+# engine.step extras
+STEP_MAX_NUM_BATCHED_TOKENS = "stepscope.step.max_num_batched_tokens"
+STEP_SAMPLED_EVERY = "stepscope.step.sampled_every"  # 1-in-N step sampling: the N in force
+LINK_IS_PREFILL = "stepscope.link.is_prefill"
+
+# GPU / host counters on engine.step (the steps view keeps every stepscope.gpu.* / stepscope.host.*).
+# Per GPU: f"{GPU_PREFIX}{index}.{name}" with these names; ratios are 0..1.
+GPU_PREFIX = "stepscope.gpu."
+GPU_SM_UTILIZATION = "sm_utilization"  # ratio
+GPU_MEM_BW_UTILIZATION = "mem_bandwidth_utilization"  # ratio
+GPU_MEMORY_USED_BYTES = "memory_used_bytes"
+GPU_MEMORY_TOTAL_BYTES = "memory_total_bytes"
+GPU_POWER_W = "power_w"
+GPU_SM_CLOCK_MHZ = "sm_clock_mhz"
+GPU_TEMPERATURE_C = "temperature_c"
+HOST_CPU_UTILIZATION = "stepscope.host.cpu_utilization"  # ratio, all cores, where NVML is absent
+GPU_INDEX = "stepscope.gpu.index"  # attribute of the GPU gauges
+
+# --- metrics (name, unit) ----------------------------------------------------------------------
+METRIC_TTFT = "gen_ai.server.time_to_first_token"  # s, histogram
+METRIC_TPOT = "gen_ai.server.time_per_output_token"  # s, histogram
+METRIC_REQUEST_DURATION = "gen_ai.server.request.duration"  # s, histogram
+METRIC_QUEUE_TIME = "stepscope.server.time_in_queue"  # s, histogram
+METRIC_TOKENS = "stepscope.server.tokens"  # {token}, counter by gen_ai.token.type
+METRIC_RUNNING = "stepscope.engine.requests.running"  # {request}, gauge
+METRIC_WAITING = "stepscope.engine.requests.waiting"  # {request}, gauge
+METRIC_KV_USAGE = "stepscope.engine.kv_cache.usage"  # 1 (ratio), gauge
+METRIC_PREFIX_HIT_RATIO = "stepscope.engine.prefix_cache.hit_ratio"  # 1 (ratio), gauge
+METRIC_PREEMPTIONS = "stepscope.engine.preemptions"  # {preemption}, counter
+METRIC_DROPPED = "stepscope.telemetry.dropped"  # {item}, counter by kind and process
+DROPPED_KIND = "stepscope.telemetry.kind"  # spans | events
+DROPPED_PROCESS = "stepscope.telemetry.process"  # frontend | core
+METRIC_GPU_PREFIX = "stepscope.gpu."  # gauges stepscope.gpu.<name>, attribute stepscope.gpu.index
+
+# GenAI semantic-convention bucket boundaries (ExplicitBucketBoundaries advisory of each metric)
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS_S = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
