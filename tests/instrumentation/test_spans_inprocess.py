@@ -3,11 +3,12 @@ attributes and their units, the links from steps to requests, and timings that a
 
 from __future__ import annotations
 
+import itertools
 import random
 
-from conftest import make_rig, tiny_core
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
+from span_rig import make_rig, tiny_core
 
 from engine.config import SamplingParams
 from instrumentation import attributes as A
@@ -58,8 +59,8 @@ def test_request_attributes_are_vllm_compatible_with_seconds_as_doubles(rig):
     reqs = sorted(rig.spans(A.SPAN_REQUEST), key=lambda s: s.attributes[A.GEN_AI_REQUEST_ID])
     for req in reqs:
         a = req.attributes
-        for key in (A.GEN_AI_LATENCY_TTFT, A.GEN_AI_LATENCY_E2E, A.GEN_AI_LATENCY_QUEUE,
-                    A.GEN_AI_LATENCY_PREFILL, A.GEN_AI_LATENCY_DECODE, A.TPOT_MEAN_S, A.TPOT_MAX_S):  # fmt: skip
+        for key in (A.GEN_AI_LATENCY_TTFT, A.GEN_AI_LATENCY_E2E, A.GEN_AI_LATENCY_QUEUE, A.TPOT_MEAN_S,
+                    A.GEN_AI_LATENCY_PREFILL, A.GEN_AI_LATENCY_DECODE, A.TPOT_MAX_S):  # fmt: skip
             assert isinstance(a[key], float) and a[key] >= 0, key
         assert a[A.GEN_AI_USAGE_INPUT_TOKENS] == a[A.GEN_AI_USAGE_PROMPT_TOKENS] == 60
         assert a[A.GEN_AI_USAGE_OUTPUT_TOKENS] == a[A.GEN_AI_USAGE_COMPLETION_TOKENS] == 6
@@ -128,7 +129,7 @@ def test_step_spans_carry_the_batch_and_have_schedule_forward_sample_children(ri
         kids = sorted(children(rig, step), key=lambda s: s.start_time)
         assert [k.name for k in kids] == [A.SPAN_STEP_SCHEDULE, A.SPAN_STEP_FORWARD, A.SPAN_STEP_SAMPLE]
         assert kids[0].start_time == step.start_time and kids[-1].end_time == step.end_time
-        assert all(a.end_time == b.start_time for a, b in zip(kids, kids[1:], strict=False))
+        assert all(a.end_time == b.start_time for a, b in itertools.pairwise(kids))
 
 
 def test_an_incoming_traceparent_makes_llm_request_its_child(rig):
@@ -139,9 +140,10 @@ def test_an_incoming_traceparent_makes_llm_request_its_child(rig):
 
 
 def test_a_preempted_request_gets_a_second_queue_span_and_recompute_prefills(rig):
-    # 12 blocks of 16 tokens for 4 requests that each grow to 40 tokens: someone must be preempted
+    # 7 blocks of 16 tokens for 4 requests that each grow past 60 tokens: someone must be preempted
     core = tiny_core(num_kv_blocks=7, max_num_seqs=4, enable_prefix_caching=False)
-    rig.run(core, prompts(4, seed=4, lo=20, hi=30), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    long = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    rig.run(core, prompts(4, seed=4, lo=20, hi=30), long)
     preempted = [s for s in rig.spans(A.SPAN_REQUEST) if s.attributes[A.PREEMPTIONS] > 0]
     assert preempted and sum(s.attributes[A.STEP_PREEMPTIONS] for s in rig.spans(A.SPAN_STEP)) > 0
     for req in preempted:
