@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
+from engine.faults import EngineFaults, FaultSettings
 from engine.protocol import (
     Abort,
     Add,
@@ -51,6 +52,7 @@ from engine.protocol import (
     Codec,
     EngineStats,
     Error,
+    FaultSet,
     FrameBuffer,
     Message,
     Outputs,
@@ -107,8 +109,15 @@ class Channel:
 class CoreLoop:
     """Drives an `EngineCore` from messages on a `Channel`; `run()` returns when told to stop."""
 
-    def __init__(self, core: EngineCore, channel: Channel, event_sink: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        channel: Channel,
+        event_sink: EventSink | None = None,
+        faults: EngineFaults | None = None,
+    ) -> None:
         self.core, self.channel, self.event_sink = core, channel, event_sink
+        self.faults = faults or EngineFaults()  # engine/faults.py: the step lock, the codec switch
         self.stopping = False
 
     def run(self) -> None:
@@ -120,7 +129,8 @@ class CoreLoop:
             for msg in msgs:
                 self.apply(msg)
             if not self.stopping and core.has_unfinished_requests():
-                outputs = core.step()
+                with self.faults.step_lock:  # uncontended unless the scheduler_stall fault is on
+                    outputs = core.step()
                 self.sink(core.drain_events())  # once per step, so the buffer never grows
                 self.channel.send(Outputs(outputs, EngineStats.from_core(core.stats())))
 
@@ -142,6 +152,13 @@ class CoreLoop:
                 reply = AdminReply(msg.seq, False, {"error": str(e)})
             self.channel.send(reply)
             self.channel.send(Outputs([], EngineStats.from_core(self.core.stats())))  # show the new pool
+        elif isinstance(msg, FaultSet):
+            try:
+                settings = FaultSettings.from_json(msg.settings)
+                reply = AdminReply(msg.seq, True, self.faults.apply(settings, self.channel))
+            except (ValueError, TypeError) as e:
+                reply = AdminReply(msg.seq, False, {"error": str(e)})
+            self.channel.send(reply)
         elif isinstance(msg, Shutdown):
             self.stopping = True
 
@@ -327,6 +344,37 @@ class CoreError(Exception):
         self.fatal = fatal
 
 
+@dataclasses.dataclass(slots=True)
+class RpcDelay:
+    """One request's delays between the core producing its tokens (the output's `last_token_ns`) and
+    the front end receiving them (CLOCK_MONOTONIC is system-wide, so the two processes compare)."""
+
+    count: int = 0
+    sum_ns: int = 0
+    max_ns: int = 0
+
+    def observe(self, delay_ns: int) -> None:
+        self.count += 1
+        self.sum_ns += delay_ns
+        self.max_ns = max(self.max_ns, delay_ns)
+
+    @property
+    def mean_s(self) -> float | None:
+        return self.sum_ns / self.count / 1e9 if self.count else None
+
+    @property
+    def max_s(self) -> float | None:
+        return self.max_ns / 1e9 if self.count else None
+
+
+class OutputQueue(asyncio.Queue):
+    """A request's outputs as they arrive, and the RPC delays they had on the way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rpc_delay = RpcDelay()
+
+
 class AsyncEngineClient:
     """The front end's end of the channel: one reader task dispatches OUTPUTS to per-request queues.
 
@@ -366,12 +414,12 @@ class AsyncEngineClient:
     def is_finished(self, req_id: str) -> bool:
         return req_id not in self.queues
 
-    def add(self, req: EngineRequest) -> asyncio.Queue:
+    def add(self, req: EngineRequest) -> OutputQueue:
         """Send a request to the core; its outputs arrive on the returned queue. Synchronous, so
         the request counts as in flight from the moment it is admitted."""
         if not self.alive:
             raise CoreError("the engine core is not running", fatal=True)
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = OutputQueue()
         self.queues[req.req_id] = queue
         self._send(Add(req))
         return queue
@@ -391,6 +439,20 @@ class AsyncEngineClient:
         reply = await future
         if not reply.ok:
             raise ValueError(reply.payload.get("error", "refused"))
+        return reply.payload
+
+    async def set_faults(self, settings: dict[str, object]) -> dict[str, object]:
+        """Switch the engine-side faults (engine/faults.py) in the core, then this end's codec.
+        ValueError if the core refuses them."""
+        if not self.alive:
+            raise CoreError("the engine core is not running", fatal=True)
+        self._admin_seq += 1
+        future = self._admin[self._admin_seq] = asyncio.get_running_loop().create_future()
+        self._send(FaultSet(self._admin_seq, settings))
+        reply = await future
+        if not reply.ok:
+            raise ValueError(reply.payload.get("error", "refused"))
+        self.core.codec = get_codec(str(reply.payload["rpc_codec"]))  # same wire format: switch any time
         return reply.payload
 
     async def close(self) -> None:
@@ -426,9 +488,12 @@ class AsyncEngineClient:
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, Outputs):
             self.stats = msg.stats
+            now_ns = time.monotonic_ns()  # once per frame: it arrived (and decoded) now
             for out in msg.outputs:
                 queue = self.queues.get(out.req_id)
                 if queue is not None:  # None: aborted by the front end, its last output is moot
+                    if out.new_token_ids and out.timings.last_token_ns:
+                        queue.rpc_delay.observe(max(now_ns - out.timings.last_token_ns, 0))
                     queue.put_nowait(out)
                     if out.finished:
                         del self.queues[out.req_id]

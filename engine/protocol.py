@@ -92,6 +92,14 @@ class AdminSet:
 
 
 @dataclass(slots=True)
+class FaultSet:
+    """Switch the engine-side faults (engine/faults.py); answered with an AdminReply."""
+
+    seq: int
+    settings: dict[str, object]
+
+
+@dataclass(slots=True)
 class AdminReply:
     seq: int
     ok: bool
@@ -114,7 +122,7 @@ class Shutdown:
     pass
 
 
-Message = Add | Abort | Outputs | AdminGet | AdminSet | AdminReply | Error | Ready | Shutdown
+Message = Add | Abort | Outputs | AdminGet | AdminSet | AdminReply | Error | Ready | Shutdown | FaultSet
 
 
 # -- primitive writers and readers ---------------------------------------------------------------
@@ -344,6 +352,15 @@ def _dec_admin_set(r: _Reader) -> AdminSet:
     return AdminSet(r.u32(), _json_object(r))
 
 
+def _enc_fault_set(buf: bytearray, m: FaultSet) -> None:
+    buf += _U32.pack(m.seq)
+    _put_json(buf, m.settings)
+
+
+def _dec_fault_set(r: _Reader) -> FaultSet:
+    return FaultSet(r.u32(), _json_object(r))
+
+
 def _enc_admin_reply(buf: bytearray, m: AdminReply) -> None:
     buf += _U32.pack(m.seq)
     buf.append(1 if m.ok else 0)
@@ -399,6 +416,7 @@ _TABLE: list[tuple[type, Callable[[bytearray, Any], None], Callable[[_Reader], M
     (Error, _enc_error, _dec_error),
     (Ready, _enc_ready, _dec_ready),
     (Shutdown, _enc_shutdown, _dec_shutdown),
+    (FaultSet, _enc_fault_set, _dec_fault_set),
 ]
 _KINDS = {cls: kind for kind, (cls, _, _) in enumerate(_TABLE, 1)}
 _ENCODERS = {kind: enc for kind, (_, enc, _) in enumerate(_TABLE, 1)}

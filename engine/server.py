@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.config import EngineConfig, SamplingParams
-from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess
+from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess, RpcDelay
+from engine.faults import FaultSettings
 from engine.metrics import ServerMetrics
 from engine.openai_protocol import (
     DEFAULT_MAX_TOKENS,
@@ -73,6 +74,7 @@ class _Tally:
     counted: bool = False  # finished and counted in the metrics
     trace: RequestTrace | None = None  # the request's span, when tracing is on
     error: str | None = None
+    rpc_delay: RpcDelay | None = None  # core produced a token -> front end received it
 
 
 class OpenAIServer:
@@ -88,6 +90,7 @@ class OpenAIServer:
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
         self.created = int(time.time())
+        self.faults = FaultSettings()  # engine/faults.py, set through /admin/faults
         self.telemetry = settings.telemetry
         if self.telemetry is not None:
             self.telemetry.watch_engine(lambda: self.client.stats)
@@ -131,6 +134,24 @@ class OpenAIServer:
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
+    async def get_faults(self, request: Request) -> dict[str, object]:
+        self._check_admin(request)
+        return self.faults.to_dict()
+
+    async def set_faults(self, request: Request) -> dict[str, object]:
+        """Switch the engine-side faults (docs/faults.md); the body is the whole fault state, `{}` clears."""
+        self._check_admin(request)
+        try:
+            settings = FaultSettings.from_json(parse_json(await self._read_body(request)))
+        except (ValueError, TypeError) as e:
+            raise APIError(400, str(e)) from None
+        try:
+            reply = await self.client.set_faults(settings.to_dict())
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        self.faults = settings
+        return reply
+
     def _check_admin(self, request: Request) -> None:
         token = self.settings.admin_token
         if not token:
@@ -173,6 +194,7 @@ class OpenAIServer:
         )
         tally = _Tally(len(prompt_ids), arrival_ns / 1e9, trace=trace)
         queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
+        tally.rpc_delay = queue.rpc_delay
         finish = functools.partial(self._finish, rid, tally)
         deltas = self._generate(queue, gen.stop, tally, finish)
         if gen.stream:
@@ -308,6 +330,8 @@ class OpenAIServer:
         reason = tally.finish_reason or "abort"
         self.metrics.count_finished(reason, tally.prompt_tokens, tally.completion_tokens)
         if tally.trace is not None:
+            if tally.rpc_delay is not None and tally.rpc_delay.count:
+                tally.trace.span.set_attributes(_rpc_attributes(tally.rpc_delay))
             self.telemetry.finish(tally.trace, reason, tally.error)
 
     async def _sse(
@@ -389,6 +413,12 @@ async def _until_disconnect(request: Request, work: object) -> str:
     return task.result()
 
 
+def _rpc_attributes(delay: RpcDelay) -> dict[str, float]:
+    from instrumentation.attributes import RPC_DELAY_MAX_S, RPC_DELAY_MEAN_S  # constants only, no OTel
+
+    return {RPC_DELAY_MEAN_S: delay.mean_s, RPC_DELAY_MAX_S: delay.max_s}
+
+
 def _core_error(e: CoreError) -> APIError:
     """The core refused the request (400), or the core is gone (500)."""
     return APIError(500, str(e), type="server_error") if e.fatal else APIError(400, str(e))
@@ -418,6 +448,8 @@ def build_app(core: CoreProcess, settings: ServerSettings, on_core_exit: Callabl
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/admin/limits", server.get_limits, methods=["GET"])
     app.add_api_route("/admin/limits", server.set_limits, methods=["POST"])
+    app.add_api_route("/admin/faults", server.get_faults, methods=["GET"])
+    app.add_api_route("/admin/faults", server.set_faults, methods=["POST"])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:

@@ -43,6 +43,8 @@ TPOT_MEAN_S = "stepscope.tpot.mean_s"
 TPOT_MAX_S = "stepscope.tpot.max_s"
 ITL_COUNT = "stepscope.itl.count"
 KV_TRANSFER_S = "stepscope.latency.kv_transfer_s"
+RPC_DELAY_MEAN_S = "stepscope.rpc.delay_mean_s"  # core produced a token -> front end received it (mean)
+RPC_DELAY_MAX_S = "stepscope.rpc.delay_max_s"  # the same, the longest of the request
 
 # --- phase span attributes ---------------------------------------------------------------------
 CHUNK_INDEX = "stepscope.prefill.chunk_index"

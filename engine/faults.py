@@ -1,0 +1,123 @@
+"""Engine-side fault injection: real contention and real serialization cost, switched at run time.
+
+Two faults need code inside the engine; every other scenario fault is a workload shift (the load
+generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
+
+- `scheduler_stall_ms`: the core loop takes `SchedulerStall.lock` around each `core.step()`; while the
+  fault is on, a thread takes the same lock every 100-250 ms and keeps it for the given milliseconds
+  (as a housekeeping thread doing I/O under a shared lock would). The step loop really waits: the gap
+  between one step's end and the next one's start grows, and nothing is faked or recorded for it.
+- `rpc_codec`: the front-end/core channel switches to another codec (`slow:K` does the encoding and
+  decoding work K times with the same wire format, so each end switches on its own, mid-stream).
+
+`FaultSettings` is the whole fault state; the admin API sets it in one go (`{}` clears every fault).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import asdict, dataclass
+
+from engine.protocol import get_codec
+
+MAX_STALL_MS = 10_000.0  # longer than this is not a stall but a hang; refuse it
+STALL_PERIOD_S = (0.10, 0.25)  # how often the stalling thread grabs the lock (uniform, seeded)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSettings:
+    """Every engine-side fault; the defaults are a healthy engine."""
+
+    scheduler_stall_ms: float = 0.0
+    rpc_codec: str = "binary"
+
+    def __post_init__(self) -> None:
+        stall = self.scheduler_stall_ms
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0 <= stall <= MAX_STALL_MS:
+            raise ValueError(f"scheduler_stall_ms must be a number in [0, {MAX_STALL_MS:g}], got {stall!r}")
+        if not isinstance(self.rpc_codec, str):
+            raise ValueError(f"rpc_codec must be a string, got {self.rpc_codec!r}")
+        get_codec(self.rpc_codec)  # raises ValueError naming the choices
+
+    @classmethod
+    def from_json(cls, body: dict[str, object]) -> FaultSettings:
+        """From an admin request body; unknown keys and bad values raise ValueError."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise ValueError(f"unknown fault {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**body)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready, as the admin API answers."""
+        return asdict(self)
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is on."""
+        return self != FaultSettings()
+
+
+class SchedulerStall:
+    """The lock the step loop holds around each step, and the thread that grabs it while the fault is on."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.stall_ms = 0.0
+        self.stalls = 0  # times the thread held the lock (tests and logs)
+        self._rng = random.Random(seed)
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def set(self, stall_ms: float) -> None:
+        """Start stalling for `stall_ms` at a time (0 stops the thread)."""
+        self.stop()
+        self.stall_ms = float(stall_ms)
+        if self.stall_ms <= 0:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(self.stall_ms / 1000.0, self._stop), name="stepscope-stall", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the stalling thread and wait for it to let go of the lock."""
+        if self._stop is not None and self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        self._stop = self._thread = None
+        self.stall_ms = 0.0
+
+    def _run(self, hold_s: float, stop: threading.Event) -> None:
+        while not stop.wait(self._rng.uniform(*STALL_PERIOD_S)):
+            with self.lock:  # waits for the step in progress, then keeps the loop out
+                self.stalls += 1
+                stop.wait(hold_s)
+
+
+class EngineFaults:
+    """The core process's faults. `apply(settings, channel)` switches them all; returns the settings."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.stall = SchedulerStall(seed)
+        self.settings = FaultSettings()
+
+    @property
+    def step_lock(self) -> threading.Lock:
+        """Taken by the core loop around each `core.step()`."""
+        return self.stall.lock
+
+    def apply(self, settings: FaultSettings, channel: object | None = None) -> dict[str, object]:
+        """Switch to `settings`: restart the stall thread if its length changed, swap the channel's codec."""
+        if settings.scheduler_stall_ms != self.stall.stall_ms:
+            self.stall.set(settings.scheduler_stall_ms)
+        if channel is not None:
+            channel.codec = get_codec(settings.rpc_codec)  # type: ignore[attr-defined]
+        self.settings = settings
+        return settings.to_dict()
+
+    def close(self) -> None:
+        """Stop every fault thread."""
+        self.stall.stop()
