@@ -1,0 +1,191 @@
+"""The parts around the spans: configuration, the GPU sampler, the core's bounded sink, drop accounting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from span_rig import make_rig, tiny_core
+
+from engine.config import SamplingParams
+from instrumentation import attributes as A
+from instrumentation.config import TelemetryConfig, TelemetryError, telemetry_config
+from instrumentation.core_sink import BackgroundSink
+from instrumentation.gpu import GpuSampler
+from instrumentation.providers import Telemetry, otlp_exporters
+from instrumentation.step_spans import StepTracer
+
+
+class StandInNvml:
+    """stand-in: no GPU on these machines. Carries the pynvml functions GpuSampler calls, with the
+    units pynvml returns (percent, bytes, milliwatts, MHz, degrees C), for two GPUs."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.initialised = False
+
+    def nvmlInit(self) -> None:
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=90 - h, memory=40 + h)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(used=(10 + h) * 2**30, total=141 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 450_000
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return 1980
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        if h == 1:
+            raise self.NVMLError("not supported")  # a counter the device lacks is left out
+        return 61
+
+
+def test_nvml_counters_become_step_attributes_and_gauges_in_si_units():
+    nvml, logs = StandInNvml(), []
+    sampler = GpuSampler(nvml=nvml, log=logs.append)
+    assert sampler.source == "nvml" and nvml.initialised and logs == []
+    values = sampler.sample()
+    gpu0 = A.GPU_PREFIX + "0."
+    assert values[gpu0 + A.GPU_SM_UTILIZATION] == 0.9 and values[gpu0 + A.GPU_MEM_BW_UTILIZATION] == 0.4
+    assert values[gpu0 + A.GPU_MEMORY_USED_BYTES] == 10 * 2**30
+    assert values[gpu0 + A.GPU_POWER_W] == 450.0 and values[gpu0 + A.GPU_SM_CLOCK_MHZ] == 1980
+    assert (
+        values[gpu0 + A.GPU_TEMPERATURE_C] == 61 and A.GPU_PREFIX + "1." + A.GPU_TEMPERATURE_C not in values
+    )
+
+    rig = make_rig()
+    sampler.register_gauges(rig.telemetry.meter)
+    rig.steps.gpu = sampler.take_fresh
+    rig.run(tiny_core(), [[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0))
+    steps = sorted(rig.spans(A.SPAN_STEP), key=lambda s: s.attributes[A.STEP_ID])
+    assert steps[0].attributes[gpu0 + A.GPU_SM_UTILIZATION] == 0.9  # the nearest step carries the sample
+    assert all(gpu0 + A.GPU_SM_UTILIZATION not in s.attributes for s in steps[1:])  # once per sample
+    points = _metric_points(rig.metrics, A.METRIC_GPU_PREFIX + A.GPU_SM_UTILIZATION)
+    assert sorted((p.attributes[A.GPU_INDEX], p.value) for p in points) == [(0, 0.9), (1, 0.89)]
+
+
+def test_without_nvml_it_says_so_once_and_samples_host_cpu():
+    logs = []
+    sampler = GpuSampler(log=logs.append)  # the real pynvml: no driver on these machines
+    assert sampler.source == "host" and len(logs) == 1 and "NVML" in logs[0]
+    _burn_cpu()
+    value = sampler.sample()[A.HOST_CPU_UTILIZATION]
+    assert 0 < value <= 1 and len(logs) == 1
+
+
+def test_the_sink_queue_is_bounded_drops_and_counts_and_never_waits():
+    release = threading.Event()
+    seen: list[int] = []
+    sink = BackgroundSink(lambda events: (release.wait(), seen.append(len(events))), capacity_events=10)
+    for _ in range(20):  # the consumer is stuck: the first lists fill the queue, the rest are dropped
+        sink([object()] * 3)
+    assert sink.dropped > 0 and sink.appended <= 10 and sink.appended + sink.dropped == 60
+    release.set()
+    sink.close()
+    assert sum(seen) == sink.appended and sink.consumed == sink.appended
+
+
+def test_a_failing_span_builder_stops_tracing_not_the_caller(capsys):
+    def broken(events):
+        raise RuntimeError("bug in span building")
+
+    sink = BackgroundSink(broken, capacity_events=100, poll_s=0.001)
+    sink([object()])
+    sink.close()
+    sink([object()])  # still accepted; nothing raises into the step loop
+    assert sink.failed and "tracing stops" in capsys.readouterr().err
+
+
+def test_spans_to_an_unreachable_endpoint_are_counted_as_dropped(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    config = TelemetryConfig(endpoint="http://127.0.0.1:9", model="tiny")  # port 9: discard, closed
+    telemetry = Telemetry.open(config, process="core")
+    tracer = telemetry.tracer("test")
+    for _ in range(50):
+        tracer.start_span("x").end()
+    telemetry.shutdown(timeout_s=10)
+    assert telemetry.dropped_spans == 50
+
+
+def test_step_tracer_reports_sink_drops_in_the_dropped_metric():
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    telemetry = Telemetry(TelemetryConfig(model="tiny"), exporter, [reader], process="core", batch=False)
+    sink = BackgroundSink(StepTracer(telemetry).consume, capacity_events=0)
+    telemetry.extra_dropped["events"] = lambda: sink.dropped
+    sink([object()] * 4)
+    sink.close()
+    points = {p.attributes[A.DROPPED_KIND]: p.value for p in _metric_points(reader, A.METRIC_DROPPED)}
+    assert points == {"spans": 0, "events": 4}
+
+
+def test_tracing_is_on_with_an_endpoint_and_off_without_or_when_disabled():
+    assert telemetry_config(None, model="m", env={}) is None
+    assert telemetry_config("http://x:4318", model="m", env={"OTEL_SDK_DISABLED": "true"}) is None
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "STEPSCOPE_TRACE_STEPS_EVERY": "4"}
+    config = telemetry_config(None, model="m", env=env)
+    assert config.endpoint is None and config.steps_every == 4 and config.protocol == "http/protobuf"
+    assert telemetry_config("http://x", model="m", steps_every=2, env=env).steps_every == 2
+    with pytest.raises(ValueError, match="steps_every"):
+        telemetry_config("http://x", model="m", steps_every=0, env={})
+
+
+def test_grpc_without_its_exporter_is_a_clear_error():
+    try:
+        import opentelemetry.exporter.otlp.proto.grpc  # noqa: F401
+
+        pytest.skip("the gRPC exporter is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(TelemetryError, match=r"stepscope\[grpc\]"):
+        otlp_exporters(TelemetryConfig(protocol="grpc"))
+
+
+def test_the_core_process_imports_no_opentelemetry_when_tracing_is_off():
+    code = (
+        "import sys, engine.core, engine.core_proc, engine.serve_cli\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _metric_points(reader: InMemoryMetricReader, name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
+
+
+def _burn_cpu() -> None:
+    x = 0
+    for i in range(2_000_000):
+        x += i * i
