@@ -110,6 +110,8 @@ def test_random_model_greedy_output_varies_by_prompt_and_is_not_one_token() -> N
 
 def test_logits_are_float32_even_for_a_bf16_model() -> None:
     model = build_model(preset("tiny"), "cpu", torch.bfloat16)
-    logits = SingleSequence(model, 16).feed(PROMPT[:8])
+    seq = SingleSequence(model, 16)
+    logits = seq.feed(PROMPT[:8])
     assert logits.dtype == torch.float32 and logits.shape == (8, model.config.vocab_size)
-    assert torch.isfinite(logits).all()
+    decode = seq.feed([int(logits[-1].argmax())])
+    assert torch.isfinite(logits).all() and torch.isfinite(decode).all()
