@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=helps[f.name],
         )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--alert-rules",
+        default=None,
+        metavar="PATH",
+        help="evaluate these alert rules (TOML, docs/alerts.md) on the stored requests",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +66,15 @@ def run(args: argparse.Namespace) -> int:
     from collector.server import create_app
     from collector.store import StoreError, redact
 
-    app = create_app(config)
+    alert_rules = None
+    if getattr(args, "alert_rules", None):
+        from alerting.rules import RuleError, load_rules
+
+        try:
+            alert_rules = load_rules(args.alert_rules)
+        except RuleError as e:
+            raise UsageError(str(e)) from None
+    app = create_app(config, alert_rules=alert_rules)
     logging.getLogger(__name__).info(
         "collector on http://%s:%d, store %s, spool %s",
         config.host,

@@ -11,6 +11,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -36,8 +37,9 @@ class HTTPProblem(Exception):
         self.headers = headers or {}
 
 
-def create_app(config: CollectorConfig) -> FastAPI:
-    """The collector app; the store and spool are opened on startup and closed on shutdown."""
+def create_app(config: CollectorConfig, *, alert_rules: Any = None) -> FastAPI:
+    """The collector app; the store and spool are opened on startup and closed on shutdown. With
+    `alert_rules` (an alerting.rules.RuleSet), the rules are evaluated on the store in the background."""
     ingestor = Ingestor(
         config.store,
         Spool(config.spool or "stepscope-spool", config.spool_max_bytes),
@@ -49,9 +51,16 @@ def create_app(config: CollectorConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(ingestor.start)
+        alerts = None
+        if alert_rules is not None:
+            from alerting.embedded import start_in_collector
+
+            alerts = await run_in_threadpool(start_in_collector, alert_rules, ingestor, config)
         try:
             yield
         finally:
+            if alerts is not None:
+                await run_in_threadpool(alerts.stop)
             await run_in_threadpool(ingestor.stop)
 
     app = FastAPI(title="stepscope collector", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("engine.serve_cli", "serve a model with an OpenAI-compatible HTTP API"),
     "collector": ("collector.cli", "receive OTLP spans and metrics into ClickHouse"),
     "bench": ("loadgen.cli", "load-test an OpenAI-compatible server and find its capacity knee"),
+    "alerts": ("alerting.cli", "SLO and P99 alert rules: check, list, history, run"),
 }
 
 
