@@ -19,6 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collector": ("collector.cli", "receive OTLP spans and metrics into ClickHouse"),
     "bench": ("loadgen.cli", "load-test an OpenAI-compatible server and find its capacity knee"),
     "alerts": ("alerting.cli", "SLO and P99 alert rules: check, list, history, run"),
+    "dashboard": ("dashboard.cli", "Streamlit dashboard over the collector's query API"),
+    "scenario": ("diagnosis.scenario_cli", "run a fault scenario: engine, collector, load, truth.json"),
+    "eval": ("diagnosis.eval", "run every fault scenario, diagnose each, print the scoreboard"),
 }
 
 

@@ -1,0 +1,94 @@
+"""Size a scenario's load to this machine: measure the engine's capacity once, cache it.
+
+The probe starts `stepscope serve` with the scenario's engine (no tracing), runs the scenario's two
+streams in a closed loop at `max_num_seqs` requests in flight for `PROBE_S` seconds (the batch kept
+full: the engine's saturated throughput), and counts the requests completed inside that window.
+Scenarios then run an open loop at a fraction of it. The result is cached in
+`~/.cache/stepscope/capacity.json` under the model, the engine options, the workload version and the
+host, for `CACHE_MAX_AGE_S`; `STEPSCOPE_CAPACITY_RPS` overrides it (a known value, or tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadgen.runner import LoadSpec, RunOptions, run_load
+
+if TYPE_CHECKING:
+    from diagnosis.scenario import ScenarioConfig
+
+PROBE_S = 20.0
+CACHE_MAX_AGE_S = 12 * 3600
+WORKLOAD_VERSION = 1  # bump when `diagnosis.scenario.workloads` changes
+CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "capacity.json"
+CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
+
+
+def cache_key(cfg: ScenarioConfig) -> str:
+    """What the capacity depends on: host, model and engine options, workload version."""
+    return json.dumps([socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION])
+
+
+def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
+    """Completed requests/s of the scenario's engine and workload at a full batch (cached)."""
+    if os.environ.get(CAPACITY_ENV):
+        return float(os.environ[CAPACITY_ENV])
+    key = cache_key(cfg)
+    cache = _read_cache()
+    hit = cache.get(key)
+    if hit and not refresh and time.time() - hit["at"] < CACHE_MAX_AGE_S:
+        return float(hit["capacity_rps"])
+    value = probe(cfg)
+    cache[key] = {"capacity_rps": value, "at": time.time()}
+    CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    CACHE_FILE.write_text(json.dumps(cache, indent=1))
+    return value
+
+
+def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
+    """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
+    from diagnosis.scenario import start_server, workloads
+
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.log(f"calibrate: probing capacity for {duration_s:g}s (cached in {CACHE_FILE})")
+    server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), None)
+    try:
+        seqs = int(cfg.max_num_seqs)
+        c_shared = max(1, round(seqs * cfg.shared_fraction))
+        mixed, shared = workloads(10_000 + int(cfg.seed))
+        opts = RunOptions(model=cfg.model, drain_timeout_s=0.1, first_index=5_000_000)
+
+        async def both() -> list:
+            return await asyncio.gather(
+                run_load(url, mixed, LoadSpec(concurrency=seqs - c_shared, duration_s=duration_s), opts),
+                run_load(
+                    url, shared, LoadSpec(concurrency=c_shared, duration_s=duration_s),
+                    replace(opts, first_index=6_000_000),
+                ),
+            )  # fmt: skip
+
+        results = asyncio.run(both())
+    finally:
+        server.stop()
+    done = sum(
+        1 for res in results for r in res.records if r.ok and r.end_s is not None and r.end_s <= duration_s
+    )
+    value = max(done / duration_s, 0.05)
+    cfg.log(f"calibrate: {done} requests in {duration_s:g}s: capacity {value:.2f} requests/s")
+    return value
+
+
+def _read_cache() -> dict[str, dict[str, float]]:
+    try:
+        return json.loads(CACHE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}

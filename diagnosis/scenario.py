@@ -1,0 +1,446 @@
+"""Fault scenarios: a real engine, a real collector and the load generator, with one fault switched on.
+
+    cfg = ScenarioConfig(out=Path("/tmp/run"), fault="overload", value=3.0, duration_s=80, seed=1)
+    truth = run_scenario(cfg)          # DIR/truth.json; the spans stay in DIR/store (chDB)
+
+Timeline: collector and `stepscope serve` start as subprocesses (each in its own session, so a Ctrl-C
+here stops them through our own `finally`), two warm-up requests, then `start`; the load generator
+runs a steady mixed workload below the knee; at `onset` the fault goes on (a workload shift from
+that second, an `/admin/limits` change, or an `/admin/faults` change); at `start + duration`
+issuing stops and requests in flight drain; the server is stopped (its telemetry flushes), the
+collector's `requests` count is polled until it stops growing, the collector is stopped.
+
+Each fault changes the real system; none writes a span, a timing or an attribute (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadgen.runner import LoadSpec, RunOptions, RunResult, run_load
+from loadgen.workloads import LengthDist, Workload, WorkloadConfig, WorkloadShift
+
+Limits = dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One scenario fault: how its value turns into a workload shift, runtime limits or engine faults."""
+
+    name: str
+    help: str
+    default: float | None  # None: the fault takes no value
+    magnitudes: tuple[float | None, ...]  # the eval grid's two magnitudes
+    shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
+    limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
+    engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "prefix_cache_miss",
+            "a fraction F of requests get a changed system prompt",
+            0.9,
+            (0.6, 0.9),
+            shift=lambda v: {"prefix_change_fraction": v},
+        ),
+        Fault(
+            "long_prompts",
+            "prompt lengths times K",
+            3.0,
+            (2.5, 4.0),
+            shift=lambda v: {"prompt_len_factor": v},
+        ),
+        Fault("overload", "arrival rate times K", 3.0, (2.5, 4.0), shift=lambda v: {"rate_factor": v}),
+        Fault(
+            "oversized_batch",
+            "max_num_seqs raised to N",
+            48,
+            (32, 64),
+            limits=lambda v, cur: {"max_num_seqs": int(v)},
+        ),
+        Fault(
+            "prefill_interference",
+            "chunked prefill turned off while long prompts arrive among chat traffic",
+            None,
+            (None, None),
+            limits=lambda v, cur: {"enable_chunked_prefill": False},
+        ),
+        Fault(
+            "kv_cache_pressure",
+            "the KV block pool cut to a fraction F",
+            0.08,
+            (0.12, 0.08),
+            limits=lambda v, cur: {"num_kv_blocks": max(int(int(cur["num_kv_blocks"]) * v), 1)},  # type: ignore[call-overload]
+        ),
+        Fault(
+            "scheduler_stall",
+            "a thread holds the step loop's lock for MS ms every 100-250 ms",
+            100,
+            (60, 150),
+            engine=lambda v: {"scheduler_stall_ms": float(v)},
+        ),
+        Fault(
+            "rpc_overhead",
+            "the front-end/core channel switched to a codec K times slower",
+            400,
+            (200, 600),
+            engine=lambda v: {"rpc_codec": f"slow:{int(v)}"},
+        ),
+    )
+}
+
+
+def parse_fault(text: str) -> tuple[str, float | None]:
+    """`NAME` or `NAME=VALUE` -> (name, value with the default filled in); ValueError when bad."""
+    name, _, raw = text.partition("=")
+    fault = FAULTS.get(name)
+    if fault is None:
+        raise ValueError(f"unknown fault {name!r}; choose one of {', '.join(FAULTS)}")
+    if not raw:
+        return name, fault.default
+    if fault.default is None:
+        raise ValueError(f"fault {name} takes no value")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"fault {name}: expected a number, got {raw!r}") from None
+    if value <= 0 or (name in ("prefix_cache_miss", "kv_cache_pressure") and value > 1):
+        raise ValueError(f"fault {name}: value out of range: {raw}")
+    return name, value
+
+
+@dataclass(slots=True)
+class ScenarioConfig:
+    """One scenario run. Every default lives here; `stepscope scenario run` is built from it."""
+
+    out: Path
+    fault: str | None = None
+    value: float | None = None
+    duration_s: float = 80.0
+    onset_s: float | None = None  # None: half the duration
+    seed: int = 0
+    model: str = "small"
+    rate: float | None = None  # requests/s in all; None: load_fraction x calibrated capacity
+    load_fraction: float = 0.35  # of the capacity measured by `calibrate` (below the knee)
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256  # chunks of at most 128 prompt tokens per step
+    num_kv_blocks: int = 768  # 12k tokens: a healthy run never preempts
+    num_threads: int = 1  # torch threads of the core: 2 shared cores, steadier with one
+    drain_timeout_s: float = 20.0
+    shared_fraction: float = 0.4  # of requests from the shared-system-prompt stream
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
+
+    @property
+    def onset(self) -> float:
+        return self.duration_s / 2 if self.onset_s is None else self.onset_s
+
+    def engine_args(self) -> list[str]:
+        """`stepscope serve` options of the scenario's engine."""
+        return [
+            "--model", self.model,
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--num-kv-blocks", str(self.num_kv_blocks),
+            "--num-threads", str(self.num_threads),
+        ]  # fmt: skip
+
+
+def workloads(seed: int, shifts: tuple[WorkloadShift, ...] = ()) -> tuple[Workload, Workload]:
+    """The steady mix: chat with some long documents (`mixed`), and chat behind one shared system
+    prompt (`shared-prefix`, where the prefix cache pays). Outputs are short so a CPU run is quick."""
+    base = WorkloadConfig(
+        seed=seed,
+        chat_prompt=LengthDist(64, 0.5, 16, 256),
+        chat_output=LengthDist(24, 0.3, 8, 48),
+        summarize_prompt=LengthDist(640, 0.25, 320, 1024),
+        summarize_output=LengthDist(8, 0.3, 4, 16),
+        summarize_fraction=0.25,
+        system_prompt_tokens=384,
+        shared_user_prompt=LengthDist(32, 0.5, 8, 128),
+        shared_output=LengthDist(24, 0.3, 8, 48),
+        max_prompt_tokens=3500,
+        shifts=shifts,
+    )
+    return Workload.load("mixed", base), Workload.load("shared-prefix", replace(base, seed=seed + 7919))
+
+
+# -- processes ------------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A `stepscope` subprocess in its own session, logging to a file; `stop()` is SIGTERM then SIGKILL."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        cmd = [sys.executable, "-m", "stepscope", *args]
+        self.log = log
+        self.proc = subprocess.Popen(
+            cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+
+    def wait_http(self, url: str, timeout_s: float) -> None:
+        """Until `url` answers 200; RuntimeError (with the log's tail) if the process dies or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.log.name}: exited {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.log.name}: {url} not up after {timeout_s:g}s: {self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-1500:]
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        return self.proc.returncode
+
+
+def start_server(cfg: ScenarioConfig, log: Path, token: str, otlp: str | None) -> tuple[Proc, str]:
+    """`stepscope serve` with the scenario's engine; (process, base URL) once healthy."""
+    port = free_port()
+    args = ["serve", *cfg.engine_args(), "--port", str(port), "--admin-token", token]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    if otlp:
+        args += ["--otlp-endpoint", otlp, "--trace-steps-every", "1"]
+        env |= {"OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "2000"}
+    proc = Proc(args, log, env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(url + "/health", 300)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
+
+
+def start_collector(store: Path, log: Path) -> tuple[Proc, str]:
+    """`stepscope collector` on chDB in `store`; (process, base URL) once healthy."""
+    port = free_port()
+    proc = Proc(
+        ["collector", "--store", f"chdb://{store}", "--port", str(port), "--log-level", "warning"], log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(url + "/health", 120)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
+
+
+def count_rows(collector_url: str, table: str) -> int:
+    """Rows in a table, through the collector's read-only SQL API (-1 when it does not answer)."""
+    try:
+        r = httpx.post(f"{collector_url}/api/sql", json={"sql": f"SELECT count() FROM {table}"}, timeout=10)
+        return int(r.json()["rows"][0][0]) if r.status_code == 200 else -1
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return -1
+
+
+def wait_flushed(collector_url: str, timeout_s: float = 60.0, quiet_s: float = 3.0) -> int:
+    """Poll `requests` until its count stops growing for `quiet_s`; returns the count."""
+    deadline, last, since = time.monotonic() + timeout_s, -2, time.monotonic()
+    while time.monotonic() < deadline:
+        n = count_rows(collector_url, "requests")
+        if n != last:
+            last, since = n, time.monotonic()
+        elif n >= 0 and time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.5)
+    return last
+
+
+# -- the run --------------------------------------------------------------------------------------
+def load_specs(rate: float, cfg: ScenarioConfig) -> tuple[LoadSpec, LoadSpec]:
+    """Open-loop Poisson loads of the two streams, `rate` requests/s in all."""
+    shared = rate * cfg.shared_fraction
+    return (
+        LoadSpec(rate=rate - shared, duration_s=cfg.duration_s),
+        LoadSpec(rate=shared, duration_s=cfg.duration_s),
+    )
+
+
+async def _admin(url: str, path: str, token: str, body: dict[str, object] | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        r = await (
+            client.get(url + path, headers=headers)
+            if body is None
+            else client.post(url + path, json=body, headers=headers)
+        )
+    if r.status_code != 200:
+        raise RuntimeError(f"{path} refused {body}: {r.status_code} {r.text[:300]}")
+    return r.json()
+
+
+async def _switch_at(
+    cfg: ScenarioConfig, url: str, token: str, t0: float, stop: asyncio.Event
+) -> float | None:
+    """At the onset, apply the fault's limits or engine faults; returns the unix time it went on."""
+    fault = FAULTS[cfg.fault] if cfg.fault else None
+    if fault is None:
+        return None
+    delay = cfg.onset - (time.perf_counter() - t0)
+    if delay > 0:
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return None  # stopped before the onset
+        except TimeoutError:
+            pass
+    onset = time.time()
+    if fault.limits is not None:
+        current = await _admin(url, "/admin/limits", token)
+        changes = fault.limits(cfg.value or 0.0, current)
+        cfg.log(f"scenario: onset: /admin/limits {changes}")
+        await _admin(url, "/admin/limits", token, changes)
+    if fault.engine is not None:
+        body = fault.engine(cfg.value or 0.0)
+        cfg.log(f"scenario: onset: /admin/faults {body}")
+        await _admin(url, "/admin/faults", token, body)
+    if fault.shift is not None:
+        cfg.log(f"scenario: onset: workload shift {fault.shift(cfg.value or 0.0)}")
+    return onset
+
+
+async def drive(
+    cfg: ScenarioConfig, url: str, token: str, rate: float, stop: asyncio.Event
+) -> dict[str, Any]:
+    """Run both streams with the fault's shift from the onset, and switch the fault's knobs at the onset."""
+    fault = FAULTS[cfg.fault] if cfg.fault else None
+    shifts = (WorkloadShift(cfg.onset, **fault.shift(cfg.value or 0.0)),) if fault and fault.shift else ()
+    mixed, shared = workloads(cfg.seed, shifts)
+    load_a, load_b = load_specs(rate, cfg)
+    opts = RunOptions(model=cfg.model, timeout_s=300, drain_timeout_s=cfg.drain_timeout_s, seed=cfg.seed)
+    t0, start = time.perf_counter(), time.time()
+    runs = asyncio.gather(
+        run_load(url, mixed, load_a, opts, stop=stop),
+        run_load(url, shared, load_b, replace(opts, first_index=1_000_000), stop=stop),
+        _switch_at(cfg, url, token, t0, stop),
+    )
+    a, b, onset = await runs
+    if fault is not None and fault.limits is None and fault.engine is None:
+        onset = start + cfg.onset  # a pure workload shift starts on the load generator's clock
+    return {"start": start, "end": time.time(), "onset": onset, "summary": _summary([a, b])}
+
+
+def _summary(results: list[RunResult]) -> dict[str, Any]:
+    records = [r for res in results for r in res.records]
+    ok = [r for r in records if r.ok]
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    return {
+        "issued": len(records),
+        "completed": len(ok),
+        "errors": errors,
+        "interrupted": any(r.interrupted for r in results),
+    }
+
+
+def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict[str, Any]:
+    """Run one scenario end to end and write `cfg.out/truth.json`; returns the truth."""
+    from diagnosis.calibrate import capacity
+
+    if cfg.fault is not None and cfg.fault not in FAULTS:
+        raise ValueError(f"unknown fault {cfg.fault!r}")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rate = cfg.rate
+    if rate is None:
+        capacity_rps = capacity_rps or capacity(cfg)
+        rate = round(cfg.load_fraction * capacity_rps, 3)
+    token = secrets.token_hex(16)
+    procs: list[Proc] = []
+    try:
+        collector, collector_url = start_collector(cfg.out / "store", cfg.out / "collector.log")
+        procs.append(collector)
+        server, url = start_server(cfg, cfg.out / "server.log", token, collector_url)
+        procs.append(server)
+        _warm_up(url, cfg.model)
+        cfg.log(
+            f"scenario: {cfg.fault or 'healthy'}={cfg.value} rate {rate}/s "
+            f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
+        )
+        run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate))
+        server.stop()
+        n = wait_flushed(collector_url)
+        cfg.log(f"scenario: {n} requests stored; issued {run['summary']['issued']}")
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    truth = {
+        "fault": cfg.fault,
+        "value": cfg.value,
+        "onset": run["onset"],
+        "start": run["start"],
+        "end": run["end"],
+        "seed": cfg.seed,
+        "load": {"rate_rps": rate, "capacity_rps": capacity_rps, "load_fraction": cfg.load_fraction},
+        "model": cfg.model,
+        "engine": cfg.engine_args(),
+        "duration_s": cfg.duration_s,
+        "onset_s": cfg.onset if cfg.fault else None,
+        "store": f"chdb://{cfg.out / 'store'}",
+        "requests_stored": n,
+        "client": run["summary"],
+    }
+    (cfg.out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
+    return truth
+
+
+async def _drive_until_interrupted(cfg: ScenarioConfig, url: str, token: str, rate: float) -> dict[str, Any]:
+    stop = asyncio.Event()
+    try:
+        return await drive(cfg, url, token, rate, stop)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
+
+
+def _warm_up(url: str, model: str) -> None:
+    """Two short requests before the run: the first steps of a fresh process are slow."""
+    for prompt in ("warm up " * 40, "hello"):
+        body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        httpx.post(url + "/v1/completions", json=body, timeout=120, trust_env=False)
+
+
+def config_dict(cfg: ScenarioConfig) -> dict[str, Any]:
+    """The config as JSON (the log callable left out)."""
+    d = asdict(cfg)
+    d.pop("log", None)
+    d["out"] = str(cfg.out)
+    return d

@@ -1,0 +1,123 @@
+"""`stepscope scenario run`: one fault scenario end to end (engine, collector, load, truth.json).
+
+    stepscope scenario run --fault overload=3 --duration 80 --seed 1 --out /tmp/stepscope-scenarios/overload
+    stepscope scenario run --duration 60 --out /tmp/stepscope-scenarios/healthy      # no fault
+    stepscope scenario list                                                          # the faults
+    stepscope scenario facts /tmp/stepscope-scenarios/overload      # what the fault changed (JSON)
+
+Defaults come from `diagnosis.scenario.ScenarioConfig`. Ctrl-C stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from stepscope.cli import UsageError
+
+_DEFAULTS: dict[str, object] = {}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run` and `list`."""
+    from diagnosis.scenario import ScenarioConfig
+
+    d = ScenarioConfig(out=Path("."))
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    run = sub.add_parser("run", help="run one scenario and write DIR/truth.json")
+    run.add_argument(
+        "--fault", metavar="NAME[=VALUE]", help="the fault (see `stepscope scenario list`); none: healthy"
+    )
+    run.add_argument("--onset", metavar="SECONDS", help="when the fault goes on (default: half the duration)")
+    run.add_argument(
+        "--duration",
+        metavar="SECONDS",
+        default=str(d.duration_s),
+        help="load duration (default: %(default)s)",
+    )
+    run.add_argument(
+        "--seed", default=str(d.seed), metavar="INT", help="workload and arrival seed (default: %(default)s)"
+    )
+    run.add_argument("--out", required=True, metavar="DIR", help="run directory: store/, logs, truth.json")
+    run.add_argument(
+        "--model", default=d.model, help="engine model preset or checkpoint (default: %(default)s)"
+    )
+    run.add_argument(
+        "--rate", metavar="RPS", help="requests/s in all (default: a fraction of the calibrated capacity)"
+    )
+    run.add_argument(
+        "--load-fraction", default=str(d.load_fraction), metavar="F",
+        help="fraction of the calibrated capacity (default: %(default)s)",
+    )  # fmt: skip
+    sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
+    facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
+    facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
+
+
+def config_from_args(args: argparse.Namespace) -> object:
+    """The `ScenarioConfig` of the options; UsageError on bad input."""
+    from diagnosis.scenario import ScenarioConfig, parse_fault
+
+    fault = value = None
+    try:
+        if args.fault:
+            fault, value = parse_fault(args.fault)
+        duration = _number("--duration", args.duration, 1.0)
+        onset = _number("--onset", args.onset, 0.0) if args.onset is not None else None
+        rate = _number("--rate", args.rate, 1e-6) if args.rate is not None else None
+        fraction = _number("--load-fraction", args.load_fraction, 1e-3)
+        if not str(args.seed).isdigit():
+            raise ValueError(f"--seed: expected a non-negative integer, got {args.seed!r}")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if onset is not None and onset >= duration:
+        raise UsageError(f"--onset {onset:g} must be before the end of --duration {duration:g}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
+    if (out / "store").exists():
+        raise UsageError(f"--out: {out} already holds a run (store/); choose a new directory")
+    return ScenarioConfig(
+        out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
+        seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
+    )  # fmt: skip
+
+
+def _number(flag: str, raw: object, low: float) -> float:
+    try:
+        v = float(str(raw).removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"{flag}: expected a number, got {raw!r}") from None
+    if v < low:
+        raise ValueError(f"{flag}: must be >= {low:g}, got {raw}")
+    return v
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the action."""
+    from diagnosis.scenario import FAULTS, run_scenario
+
+    if args.action == "list":
+        for f in FAULTS.values():
+            mags = ", ".join("-" if m is None else f"{m:g}" for m in f.magnitudes)
+            default = "-" if f.default is None else f"{f.default:g}"
+            print(f"{f.name:22} default {default:>6}  eval {mags:12}  {f.help}")
+        return 0
+    if args.action == "facts":
+        from diagnosis.scenario_facts import measure
+
+        if not (Path(args.dir) / "truth.json").is_file():
+            raise UsageError(f"{args.dir}: no truth.json (not a finished scenario run)")
+        print(json.dumps(measure(Path(args.dir)), indent=1))
+        return 0
+    if args.action != "run":
+        raise UsageError("choose an action: run, list or facts")
+    cfg = config_from_args(args)
+    try:
+        truth = run_scenario(cfg)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        print(f"stepscope scenario: {e}")
+        return 1
+    print(json.dumps({k: truth[k] for k in ("fault", "value", "onset", "start", "end", "requests_stored")}))
+    return 0

@@ -1,0 +1,121 @@
+"""The scenario runner: faults map onto real knobs, shifts apply from the onset, truth.json end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnosis.eval import Case, grid, scoreboard
+from diagnosis.scenario import FAULTS, ScenarioConfig, parse_fault, run_scenario, workloads
+from loadgen.workloads import WorkloadShift
+
+ONSET_S = 10.0
+
+
+def _shifted(fault: str, value: float):
+    return workloads(3, (WorkloadShift(ONSET_S, **FAULTS[fault].shift(value)),))
+
+
+def test_prefix_cache_miss_changes_the_shared_system_prompt_only_from_the_onset():
+    healthy, shifted = workloads(3)[1], _shifted("prefix_cache_miss", 0.9)[1]
+    before = [shifted.request(i, ONSET_S - 0.01) for i in range(200)]
+    after = [shifted.request(i, ONSET_S) for i in range(200)]
+    assert not any(r.prefix_changed for r in before)
+    assert [r.messages for r in before] == [healthy.request(i, 0).messages for i in range(200)]
+    changed = [r for r in after if r.prefix_changed]
+    assert 0.8 < len(changed) / len(after) < 1.0
+    system = healthy.request(0).messages[0]["content"]
+    assert all(r.messages[0]["content"] != system for r in changed)
+
+
+def test_long_prompts_scale_prompt_lengths_from_the_onset():
+    mixed = _shifted("long_prompts", 3.0)[0]
+    before = sum(mixed.request(i, 0.0).prompt_tokens_est for i in range(100))
+    after = sum(mixed.request(i, ONSET_S + 1).prompt_tokens_est for i in range(100))
+    assert 2.5 < after / before <= 3.0  # the cap clips a few
+
+
+def test_overload_raises_the_arrival_rate_from_the_onset():
+    mixed = _shifted("overload", 3.0)[0]
+    assert mixed.rate_changes() == [(ONSET_S, 3.0)]
+
+
+def test_config_and_engine_faults_map_onto_admin_knobs():
+    assert FAULTS["kv_cache_pressure"].limits(0.1, {"num_kv_blocks": 768}) == {"num_kv_blocks": 76}
+    assert FAULTS["oversized_batch"].limits(48, {}) == {"max_num_seqs": 48}
+    assert FAULTS["prefill_interference"].limits(0, {}) == {"enable_chunked_prefill": False}
+    assert FAULTS["scheduler_stall"].engine(50) == {"scheduler_stall_ms": 50.0}
+    assert FAULTS["rpc_overhead"].engine(8) == {"rpc_codec": "slow:8"}
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [("nope", "unknown fault"), ("overload=x", "expected a number"), ("kv_cache_pressure=2", "out of range"),
+     ("prefill_interference=3", "takes no value")],
+)  # fmt: skip
+def test_bad_fault_specs_are_refused(text: str, message: str):
+    with pytest.raises(ValueError, match=message):
+        parse_fault(text)
+    assert parse_fault("overload") == ("overload", FAULTS["overload"].default)
+
+
+def test_scenario_cli_refuses_bad_input_with_exit_2(tmp_path: Path):
+    for extra in (["--fault", "nope"], ["--duration", "x"], ["--onset", "90", "--duration", "60"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepscope", "scenario", "run", "--out", str(tmp_path / "r"), *extra],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1
+
+
+def test_eval_grid_and_scoreboard_count_hits_and_healthy_findings():
+    quick = grid(list(FAULTS), quick=True)
+    assert len([c for c in quick if c.fault is None]) == 2 and len(quick) == len(FAULTS) + 2
+    full = grid(["overload", "prefill_interference"], quick=False)
+    assert len(full) == 2 * 3 + 1 * 3 + 3  # a fault without a value runs once per seed
+    assert Case("overload", 3.0, 1).expected == "queueing_overload"
+
+    def res(fault, predicted, causes):
+        expected = Case(fault, None, 1).expected
+        mode = {
+            "predicted": predicted,
+            "causes": causes,
+            "onset_error_s": 1.0,
+            "correct": predicted == expected,
+        }
+        return {"fault": fault, "expected": expected, "no_baseline": mode, "baseline": mode}
+
+    board = scoreboard([res("overload", "queueing_overload", ["queueing_overload"]),
+                        res("scheduler_stall", "rpc_overhead", ["rpc_overhead"]),
+                        res(None, None, []), res(None, "long_prompts", ["long_prompts"])])  # fmt: skip
+    assert board["top1_accuracy"] == 0.5
+    assert board["healthy_false_positives"] == 1
+    assert board["no_baseline"]["confusion"]["scheduler_stall"] == {"rpc_overhead": 1}
+
+
+def test_a_short_scenario_writes_truth_and_stores_the_run(tmp_path: Path):
+    out = tmp_path / "run"
+    cfg = ScenarioConfig(
+        out=out, fault="rpc_overhead", value=4, duration_s=6, onset_s=3, model="tiny", rate=3.0,
+        drain_timeout_s=10, log=lambda s: None,
+    )  # fmt: skip
+    truth = run_scenario(cfg)
+    on_disk = json.loads((out / "truth.json").read_text())
+    assert on_disk == json.loads(json.dumps(truth))
+    assert on_disk["fault"] == "rpc_overhead" and on_disk["value"] == 4
+    assert on_disk["start"] < on_disk["onset"] < on_disk["end"]
+    assert on_disk["seed"] == 0 and on_disk["model"] == "tiny" and on_disk["load"]["rate_rps"] == 3.0
+    assert on_disk["requests_stored"] > 0
+    facts = subprocess.run(
+        [sys.executable, "-m", "stepscope", "scenario", "facts", str(out)], capture_output=True, text=True
+    )
+    assert facts.returncode == 0, facts.stderr
+    after = json.loads(facts.stdout)["after"]
+    assert after["requests"] > 0 and after["steps"] > 0
+    assert after["rpc_delay_mean"] is not None  # the front end's measure reached the requests table
