@@ -1,1 +1,42 @@
-"""stepscope diagnosis (arrives with its issue)."""
+"""stepscope diagnosis: why did TTFT/TPOT regress? The public API, in one place.
+
+    from diagnosis import open_source, diagnose, TimeRange, DiagnosisConfig
+    source = open_source(store="chdb:///path/to/data")           # or open_source(api="http://127.0.0.1:4318")
+    result = diagnose(source, window=TimeRange(t0, t1))          # baseline: a change point inside the window
+    result = diagnose(source, window=TimeRange(t1, t2), baseline=TimeRange(t0, t1))
+    result.to_json()["findings"][0]["cause"]                     # e.g. "prefix_cache_miss"
+    source.close()
+
+- `open_source(store, api, token) -> Source`: read-only SQL through `collector.store.Store` (a DSN) or a
+  running collector's `POST /api/sql` (chDB allows one process per data directory).
+- `diagnose(source, window=None, baseline=None, config=None) -> Diagnosis`: `window` None means everything
+  stored; `baseline` None means the change point inside the window splits it into before and after.
+- `Diagnosis.to_json()`: `{"window", "baseline", "regressions", "findings", "not_enough_data",
+  "decomposition", "data", "notes"}` (docs/diagnosis.md). `render(diagnosis, "text" | "md" | "json")`.
+- `CAUSES`: the cause names a finding can carry. Thresholds: `DiagnosisConfig` (each with its reason).
+"""
+
+from diagnosis.config import DiagnosisConfig
+from diagnosis.engine import diagnose
+from diagnosis.model import Diagnosis, Evidence, Finding, NotEnoughData, Regression
+from diagnosis.render import render
+from diagnosis.rules import CAUSES
+from diagnosis.source import Source, SourceError, open_source
+from diagnosis.timerange import TimeRange, parse_time
+
+__all__ = [
+    "CAUSES",
+    "Diagnosis",
+    "DiagnosisConfig",
+    "Evidence",
+    "Finding",
+    "NotEnoughData",
+    "Regression",
+    "Source",
+    "SourceError",
+    "TimeRange",
+    "diagnose",
+    "open_source",
+    "parse_time",
+    "render",
+]

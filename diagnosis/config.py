@@ -1,0 +1,102 @@
+"""Every threshold of the diagnosis, with the reason for its value: one object, `DiagnosisConfig`.
+
+Values were set on healthy runs (two halves of a stationary run on a shared 2-core machine compared with
+each other must give no finding) and then checked against each fault at its smaller magnitude; see
+docs/diagnosis.md, "Thresholds".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisConfig:
+    """Thresholds and sizes of one diagnosis. Frozen: pass a new one (dataclasses.replace) to change it."""
+
+    # --- regression detection ----------------------------------------------------------------------
+    # P99 up by a quarter is what an on-call engineer acts on; healthy halves on the shared machine moved
+    # P99 by up to ~15% (CPU contention from other processes comes and goes in bursts).
+    min_ratio_p99: float = 1.25
+    # Medians are steadier than tails, but TPOT's median follows load: a Poisson burst raised it by 15-25%
+    # in generated healthy runs over a fifth of the window.
+    min_ratio_p50: float = 1.2
+    # Throughput and goodput are rates: a drop to 80% or less, and more than the drop in demand.
+    min_drop_rate: float = 0.80
+    # Error rate: at least one request in a hundred more failing, and at least twice the old rate.
+    min_error_rate_increase: float = 0.01
+    min_error_rate_ratio: float = 2.0
+    # One-sided p-value under which a difference is taken as real. Strict, because a window is compared
+    # on several metrics at once and the change point is chosen where the halves differ most.
+    alpha: float = 0.001
+    # Below these sample sizes a side says nothing: a P99 needs at least a few requests above it.
+    min_requests_p50: int = 30
+    min_requests_p99: int = 200
+    min_intervals: int = 6  # per side, for rate metrics tested across intervals
+    # Requests sampled per side for rank tests and tail decomposition (ClickHouse picks them by hash, so
+    # the sample is the same on every run). 3,000 keeps a 1% tail at ~30 requests and the API's row cap.
+    sample_per_side: int = 3000
+    # Goodput counts requests meeting the SLO; without explicit SLOs the baseline's own P99s are the SLO.
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+
+    # --- onset / change point ----------------------------------------------------------------------
+    # ~120 intervals over the window: enough resolution for the onset, enough requests per interval.
+    target_intervals: int = 120
+    min_interval_s: float = 1.0
+    # The change point keeps at least this share of the window on each side (a split at the edge compares
+    # a handful of intervals with everything else).
+    min_segment_share: float = 0.2
+
+    # --- attribution -------------------------------------------------------------------------------
+    # A cause whose part explains less than this share of its symptom's change is not credible.
+    min_share_explained: float = 0.35
+    # A finding below this confidence is dropped: evidence was present but explained too little.
+    min_confidence: float = 0.30
+
+    # --- rule evidence -----------------------------------------------------------------------------
+    # Request mix: prompt lengths moved by half or more (healthy halves: mean within ~5%).
+    long_prompt_ratio: float = 1.5
+    # "Unchanged" prompt lengths, for rules that need them steady (prefix misses, prefill interference).
+    steady_prompt_ratio: float = 1.25
+    # Prefix cache: the cached share of prompt tokens fell by at least 0.15 absolute and by a quarter.
+    cache_share_drop: float = 0.15
+    cache_share_ratio: float = 0.75
+    # Arrivals up by 30%: past the knee that already doubles queueing; healthy Poisson halves: ~5%.
+    arrival_ratio: float = 1.3
+    # Step loop counted as busy when it runs steps this share of wall time (the rest is gaps).
+    busy_share: float = 0.7
+    # Mean batch size up by half: a configuration change, not drift (healthy halves within ~10%).
+    batch_ratio: float = 1.5
+    # Step time at equal batch size up by a fifth (healthy: within ~8%; fp32 vs int8 weights: x1.5+).
+    equal_batch_ratio: float = 1.2
+    # Bytes read per step (at equal batch size) up by a fifth: the weights got bigger.
+    bytes_ratio: float = 1.2
+    # Preemptions: at least this many per thousand steps more, and KV usage P50 near full.
+    preemptions_per_kstep: float = 2.0
+    kv_full_share: float = 0.9
+    # Prefill interference: the P99 of prefill tokens riding with decodes up by half and chunking off in
+    # at least this share of the current side's steps.
+    prefill_chunk_ratio: float = 1.5
+    chunking_off_share: float = 0.5
+    # Gaps between steps up by half and by at least 2 ms per step (one Python GIL switch is ~5 ms).
+    gap_ratio: float = 1.5
+    min_gap_increase_s: float = 0.002
+    # Front-end RPC delay up by half and by 1 ms per token.
+    rpc_ratio: float = 1.5
+    min_rpc_increase_s: float = 0.001
+    # KV transfer: its share of TTFT up by 10 points and transfer seconds per prompt token up by half.
+    kv_transfer_share_increase: float = 0.10
+    kv_transfer_per_token_ratio: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError("alpha must be in (0, 1)")
+        if self.min_ratio_p99 <= 1 or self.min_ratio_p50 <= 1:
+            raise ValueError("regression ratios must be > 1")
+        if not 0 < self.min_drop_rate < 1:
+            raise ValueError("min_drop_rate must be in (0, 1)")
+        if self.sample_per_side < 100 or self.target_intervals < 10:
+            raise ValueError("sample_per_side must be >= 100 and target_intervals >= 10")
+        if not 0 < self.min_segment_share < 0.5:
+            raise ValueError("min_segment_share must be in (0, 0.5)")

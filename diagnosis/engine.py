@@ -1,0 +1,139 @@
+"""`diagnose()`: window -> change point (or the given baseline) -> facts -> regressions -> decomposition ->
+rules -> ranked findings. The order of DESIGN.md's "How a diagnosis should reason"."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from diagnosis import facts as F
+from diagnosis import stats
+from diagnosis.config import DiagnosisConfig
+from diagnosis.decompose import decompose
+from diagnosis.model import Diagnosis, Finding, NotEnoughData
+from diagnosis.regress import detect, slo, slo_met
+from diagnosis.rules import RULES
+from diagnosis.source import Source
+from diagnosis.timerange import TimeRange
+
+# Series the change point looks at when no baseline is given: symptoms (log scale) and the evidence that
+# usually moves first. A healthy run's split lands anywhere; the regression tests then find nothing.
+_SPLIT_LOG = (
+    "ttft_p90",
+    "tpot_p90",
+    "e2e_mean",
+    "queue_mean",
+    "step_mean",
+    "work_gap_mean",
+    "rpc_delay_mean",
+)
+_SPLIT_LINEAR = ("requests", "cached_share", "input_mean", "batch_mean", "kv_usage", "chunked_share")
+
+
+def _interval(span: TimeRange, cfg: DiagnosisConfig) -> float:
+    return max(cfg.min_interval_s, span.seconds / cfg.target_intervals)
+
+
+def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> float | None:
+    """Unix seconds of the change point inside `window` (None when the window is too short to split)."""
+    lo, hi = series.index_of(window.start), series.index_of(window.end - 1e-9) + 1
+    columns = []
+    for name in _SPLIT_LOG + _SPLIT_LINEAR:
+        x = series.get(name)[lo:hi]
+        if name in _SPLIT_LOG:
+            x = np.log(np.where(x > 0, x, np.nan))
+        columns.append(x)
+    min_size = max(3, int((hi - lo) * cfg.min_segment_share))
+    k = stats.change_point(columns, min_size)
+    return None if k is None else series.time_of(lo + k)
+
+
+def diagnose(
+    source: Source,
+    window: TimeRange | None = None,
+    baseline: TimeRange | None = None,
+    config: DiagnosisConfig | None = None,
+) -> Diagnosis:
+    """Diagnose `window` (everything stored when None) against `baseline` (found by a change point inside
+    the window when None). Read-only; a handful of queries, each aggregated in ClickHouse."""
+    cfg = config or DiagnosisConfig()
+    found = F.bounds(source, window)
+    if not found["requests"]:
+        return Diagnosis(window, baseline, notes=("no requests in the window",), data={"requests": 0})
+    if window is None:
+        window = TimeRange(found["first_ns"] / 1e9, found["last_ns"] / 1e9 + 1e-3)
+    span = window
+    if baseline is not None:
+        span = TimeRange(min(baseline.start, window.start), max(baseline.end, window.end))
+    series = F.series(source, span, _interval(span, cfg))
+    source_kind = "given"
+    current = window
+    if baseline is None:
+        split = split_window(series, window, cfg)
+        if split is None:
+            note = "the window is too short to find a change point; give a baseline window"
+            return Diagnosis(window, None, notes=(note,), data={"requests": found["requests"]})
+        baseline, current, source_kind = (
+            TimeRange(window.start, split),
+            TimeRange(split, window.end),
+            "change_point",
+        )
+    facts = gather(source, baseline, current, series, cfg)
+    regressions = tuple(detect(facts))
+    facts = dataclasses.replace(facts, regressions=regressions, decomposition=decompose(facts))
+    findings: list[Finding] = []
+    lacking: list[NotEnoughData] = []
+    if regressions:
+        for rule in RULES:
+            out = rule.evaluate(facts)
+            if isinstance(out, Finding):
+                findings.append(out)
+            elif isinstance(out, NotEnoughData):
+                lacking.append(out)
+    findings.sort(key=lambda f: -f.confidence)
+    notes = []
+    if regressions and not findings:
+        notes.append("symptoms regressed but no rule's evidence explains them")
+    return Diagnosis(
+        window=current,
+        baseline=baseline,
+        regressions=regressions,
+        findings=tuple(findings),
+        not_enough_data=tuple(lacking),
+        decomposition=facts.decomposition,
+        baseline_source=source_kind,
+        data=_data(facts, span),
+        notes=tuple(notes),
+    )
+
+
+def gather(
+    source: Source, baseline: TimeRange, current: TimeRange, series: F.Series, cfg: DiagnosisConfig
+) -> F.Facts:
+    """Run the per-side queries and assemble the Facts the rules read."""
+    req = F.request_sides(source, baseline, current)
+    sample = F.request_sample(
+        source, baseline, current, req[0].get("requests", 0), req[1].get("requests", 0), cfg.sample_per_side
+    )
+    steps = F.step_sides(source, baseline, current)
+    shape = F.step_shape(source, baseline, current) if steps is not None else []
+    return F.Facts(current, baseline, req, sample, steps, shape, series, cfg)
+
+
+def _data(facts: F.Facts, span: TimeRange) -> dict[str, object]:
+    ttft_slo, tpot_slo = slo(facts)
+    out: dict[str, object] = {
+        "analysed": span.to_json(),
+        "interval_s": facts.series.interval_s,
+        "requests": {"baseline": facts.b("requests"), "current": facts.c("requests")},
+        "steps": {"baseline": facts.sb("steps"), "current": facts.sc("steps")},
+        "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
+    }
+    goodput = {}
+    for label, sample, get in (("baseline", facts.sample[0], facts.b), ("current", facts.sample[1], facts.c)):
+        met, n = slo_met(sample, ttft_slo, tpot_slo)
+        goodput[label] = get("rate_rps") * met / n if n else math.nan
+    out["goodput_rps"] = goodput
+    return out

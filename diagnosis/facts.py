@@ -1,0 +1,189 @@
+"""Query results as small frames: what rules read. All SQL is in `diagnosis.queries`; this module runs it
+through a Source and shapes the answers (per-side aggregates, per-interval series, step shapes, samples)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from diagnosis import queries, stats
+from diagnosis.config import DiagnosisConfig
+from diagnosis.model import Regression
+from diagnosis.source import Source, num
+from diagnosis.timerange import TimeRange
+
+_FAR_FUTURE_NS = 9_000_000_000_000_000_000  # 2255: "no upper bound" for DateTime64(9)
+SAMPLE_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "tpot_max_s", "queue_s", "prefill_s", "kv_transfer_s")
+STRING_SERIES = ("weight_dtype",)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """Per-interval series over [start, start + len * interval_s); NaN where an interval had no data."""
+
+    start: float
+    interval_s: float
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def time_of(self, index: int) -> float:
+        """Unix seconds at the start of interval `index`."""
+        return self.start + index * self.interval_s
+
+    def index_of(self, t: float) -> int:
+        """The interval holding `t`, clipped to the series."""
+        return int(min(max(0, math.floor((t - self.start) / self.interval_s)), max(0, len(self) - 1)))
+
+    def get(self, name: str) -> np.ndarray:
+        """A numeric series (all NaN when absent)."""
+        return self.columns.get(name, np.full(len(self), np.nan))
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Everything the rules may read. `req`/`steps` are (baseline, current) aggregates by column name;
+    `steps` is None when neither side has step rows (vLLM-shaped traces)."""
+
+    window: TimeRange  # the current side
+    baseline: TimeRange
+    req: tuple[dict[str, float], dict[str, float]]
+    sample: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+    steps: tuple[dict[str, Any], dict[str, Any]] | None
+    shape: list[dict[str, float]]
+    series: Series
+    config: DiagnosisConfig
+    regressions: tuple[Regression, ...] = ()
+    decomposition: dict[str, Any] = field(default_factory=dict)
+
+    def regressed(self, *families: str) -> tuple[str, ...]:
+        """Metric names of the regressions in these families (`ttft`, `tpot`, `e2e`, `itl_max`, ...)."""
+        return tuple(r.metric for r in self.regressions if r.family in families)
+
+    def b(self, key: str) -> float:
+        """Baseline request aggregate."""
+        return num(self.req[0].get(key))
+
+    def c(self, key: str) -> float:
+        """Current request aggregate."""
+        return num(self.req[1].get(key))
+
+    def sb(self, key: str) -> float:
+        """Baseline step aggregate (NaN without steps)."""
+        return num(self.steps[0].get(key)) if self.steps else math.nan
+
+    def sc(self, key: str) -> float:
+        """Current step aggregate (NaN without steps)."""
+        return num(self.steps[1].get(key)) if self.steps else math.nan
+
+    def onset(self, name: str, fallback: float | None = None) -> float | None:
+        """Unix seconds of the change point of series `name` near the compared windows, else `fallback`
+        (the start of the current window by default)."""
+        fallback = self.window.start if fallback is None else fallback
+        x = self.series.get(name)
+        lo = self.series.index_of(min(self.baseline.start, self.window.start))
+        hi = self.series.index_of(self.window.end) + 1
+        seg = x[lo:hi]
+        min_size = max(2, int(len(seg) * self.config.min_segment_share / 2))
+        k = stats.change_point([seg], min_size)
+        return fallback if k is None else self.series.time_of(lo + k)
+
+
+def span_params(span: TimeRange | None) -> dict[str, int]:
+    """Parameters t0/t1 (ns) for a span; the whole store when None."""
+    if span is None:
+        return {"t0": 0, "t1": _FAR_FUTURE_NS}
+    return {"t0": span.start_ns, "t1": span.end_ns}
+
+
+def side_params(baseline: TimeRange, current: TimeRange) -> dict[str, int]:
+    """Parameters b0/b1/c0/c1 (ns) of the two compared windows."""
+    return {"b0": baseline.start_ns, "b1": baseline.end_ns, "c0": current.start_ns, "c1": current.end_ns}
+
+
+def bounds(source: Source, span: TimeRange | None) -> dict[str, float]:
+    """Requests and steps in `span` (the whole store when None), with the first and last request time."""
+    row = source.query(queries.BOUNDS, span_params(span)).dicts()[0]
+    return {k: num(v) for k, v in row.items()}
+
+
+def series(source: Source, span: TimeRange, interval_s: float) -> Series:
+    """Request and step series per interval over `span`, aligned on one index."""
+    iv_ms = max(1, round(interval_s * 1000))
+    params = span_params(span) | {"t0_ms": span.start_ns // 1_000_000, "iv_ms": iv_ms}
+    m = max(1, math.ceil(span.seconds * 1000 / iv_ms))
+    columns: dict[str, np.ndarray] = {}
+    for sql in (queries.REQUEST_SERIES, queries.STEP_SERIES):
+        result = source.query(sql, params)
+        idx = [int(r[0]) for r in result.rows]
+        for j, name in enumerate(result.columns[1:], start=1):
+            col = np.full(m, "", dtype=object) if name in STRING_SERIES else np.full(m, np.nan)
+            for i, row in zip(idx, result.rows, strict=True):
+                if 0 <= i < m:
+                    col[i] = row[j] if name in STRING_SERIES else num(row[j])
+            columns[name] = col
+    return Series(span.start, iv_ms / 1000, columns)
+
+
+def _two_sides(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    by_side: dict[int, dict[str, Any]] = {int(r.pop("side")): r for r in rows}
+    return by_side.get(0, {}), by_side.get(1, {})
+
+
+def request_sides(source: Source, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict]:
+    """Per-side request aggregates; `seconds` and `rate_rps` added from the window lengths."""
+    b, c = _two_sides(source.query(queries.REQUEST_SIDES, side_params(baseline, current)).dicts())
+    for side, window in ((b, baseline), (c, current)):
+        for k, v in list(side.items()):
+            side[k] = num(v)
+        side.setdefault("requests", 0.0)
+        side["seconds"] = window.seconds
+        side["rate_rps"] = side["requests"] / window.seconds
+        side["output_tokens_per_s"] = num(side.get("output_tokens_sum", 0.0)) / window.seconds
+    return b, c
+
+
+def request_sample(
+    source: Source, baseline: TimeRange, current: TimeRange, n_b: float, n_c: float, per_side: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Up to `per_side` requests per side, picked by span-id hash, as numeric columns."""
+
+    def cut(n: float) -> int:
+        share = 1.0 if n <= 0 else min(1.0, 2.0 * per_side / n)
+        return min(2**64 - 1, int(share * (2**64 - 1)))
+
+    params = side_params(baseline, current) | {"cut_b": cut(n_b), "cut_c": cut(n_c), "n": per_side}
+    result = source.query(queries.REQUEST_SAMPLE, params)
+    cols = result.columns
+    out: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
+    for row in result.rows:
+        side = out[int(row[0])]
+        for name, value in zip(cols[1:], row[1:], strict=True):
+            side.setdefault(name, []).append(num(value))
+    empty = {name: np.array([]) for name in cols[1:]}
+    return tuple(empty | {k: np.asarray(v, dtype=float) for k, v in s.items()} for s in out)  # type: ignore[return-value]
+
+
+def step_sides(source: Source, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict] | None:
+    """Per-side step aggregates, or None when neither side has any step."""
+    b, c = _two_sides(source.query(queries.STEP_SIDES, side_params(baseline, current)).dicts())
+    if not b and not c:
+        return None
+    for side, window in ((b, baseline), (c, current)):
+        for k, v in list(side.items()):
+            if k != "weight_dtype_top":
+                side[k] = num(v)
+        side.setdefault("steps", 0.0)
+        side.setdefault("weight_dtype_top", "")
+        side["seconds"] = window.seconds
+    return b, c
+
+
+def step_shape(source: Source, baseline: TimeRange, current: TimeRange) -> list[dict[str, float]]:
+    """Rows of (side, batch_size, has_prefill, has_decode) with step counts and summed times."""
+    rows = source.query(queries.STEP_SHAPE, side_params(baseline, current)).dicts()
+    return [{k: num(v) for k, v in r.items()} for r in rows]

@@ -1,0 +1,346 @@
+"""All SQL of the diagnosis and of the named-query library, in one place.
+
+Text is constant. Every value is a ClickHouse server-side parameter (`{name:Type}`); times are unix
+nanoseconds (`Int64`). Two windows are compared in one pass: `{b0..b1}` is the baseline, `{c0..c1}` the
+current window, and `side` is 0 or 1. Queries return numbers, never DateTime values, so a store and the
+collector's API (which renders times as strings) give the same frames. ClickHouse does the heavy work:
+Python sees per-side aggregates, per-interval series, a per-batch-size table and at most
+`sample_per_side` sampled requests per side.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_IN = "(time >= fromUnixTimestamp64Nano({%s:Int64}) AND time < fromUnixTimestamp64Nano({%s:Int64}))"
+_CURRENT = _IN % ("c0", "c1")
+_BASELINE = _IN % ("b0", "b1")
+_SIDES_WHERE = f"({_BASELINE} OR {_CURRENT})"
+_SIDE = f"toUInt8({_CURRENT}) AS side"
+_SPAN = _IN % ("t0", "t1")
+_BUCKET = "intDiv(toUnixTimestamp64Milli(time) - {t0_ms:Int64}, {iv_ms:Int64}) AS bucket"
+
+# What the window holds: request count and time span, step rows, requests with rpc delay and phases.
+BOUNDS = f"""
+SELECT count() AS requests,
+       toUnixTimestamp64Nano(min(time)) AS first_ns,
+       toUnixTimestamp64Nano(max(time)) AS last_ns,
+       (SELECT count() FROM steps WHERE {_SPAN}) AS steps
+FROM requests
+WHERE {_SPAN}
+"""
+
+# Per interval, for the change point and the onset of each evidence series.
+REQUEST_SERIES = f"""
+SELECT {_BUCKET},
+       count() AS requests,
+       avg(ttft_s) AS ttft_mean,
+       quantile(0.9)(ttft_s) AS ttft_p90,
+       avg(tpot_s) AS tpot_mean,
+       quantile(0.9)(tpot_s) AS tpot_p90,
+       avg(e2e_s) AS e2e_mean,
+       avg(queue_s) AS queue_mean,
+       avg(prefill_s) AS prefill_mean,
+       avg(kv_transfer_s) AS kv_transfer_mean,
+       sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
+       avg(input_tokens) AS input_mean,
+       uniq(prefix_key) / count() AS prefix_keys_per_request,
+       avg(rpc_delay_s) AS rpc_delay_mean,
+       avg(is_error) AS error_rate,
+       sum(output_tokens) AS output_tokens
+FROM requests
+WHERE {_SPAN}
+GROUP BY bucket
+ORDER BY bucket
+"""
+
+STEP_SERIES = f"""
+SELECT {_BUCKET},
+       count() AS steps,
+       avg(duration_s) AS step_mean,
+       avgIf(gap_s, decode_tokens > 0) AS work_gap_mean,
+       avg(batch_size) AS batch_mean,
+       sum(preemptions) AS preemptions,
+       avg(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage,
+       avg(chunked_prefill) AS chunked_share,
+       maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max,
+       avg(bytes_read / greatest(batch_size, 1)) AS bytes_per_seq,
+       avg(max_num_seqs) AS max_num_seqs,
+       avg(num_waiting) AS waiting_mean,
+       anyHeavy(weight_dtype) AS weight_dtype
+FROM steps
+WHERE {_SPAN}
+GROUP BY bucket
+ORDER BY bucket
+"""
+
+# One row per side: the symptoms' quantiles and the means the decomposition adds up.
+REQUEST_SIDES = f"""
+SELECT {_SIDE},
+       count() AS requests,
+       sum(is_error) AS errors,
+       toUnixTimestamp64Nano(min(time)) / 1e9 AS first_s,
+       toUnixTimestamp64Nano(max(time)) / 1e9 AS last_s,
+       count(ttft_s) AS with_ttft,
+       count(tpot_s) AS with_tpot,
+       count(queue_s) AS with_queue,
+       count(prefill_s) AS with_prefill,
+       count(rpc_delay_s) AS with_rpc,
+       countIf(kv_transfer_s > 0) AS with_kv_transfer,
+       quantile(0.5)(ttft_s) AS ttft_p50,
+       quantile(0.99)(ttft_s) AS ttft_p99,
+       quantile(0.5)(tpot_s) AS tpot_p50,
+       quantile(0.99)(tpot_s) AS tpot_p99,
+       quantile(0.5)(e2e_s) AS e2e_p50,
+       quantile(0.99)(e2e_s) AS e2e_p99,
+       quantile(0.99)(tpot_max_s) AS itl_max_p99,
+       avg(ttft_s) AS ttft_mean,
+       avg(tpot_s) AS tpot_mean,
+       avg(e2e_s) AS e2e_mean,
+       avg(queue_s) AS queue_mean,
+       avg(prefill_s) AS prefill_mean,
+       avg(kv_transfer_s) AS kv_transfer_mean,
+       avg(decode_s) AS decode_mean,
+       avg(rpc_delay_s) AS rpc_delay_mean,
+       quantile(0.99)(rpc_delay_max_s) AS rpc_delay_max_p99,
+       avg(input_tokens) AS input_mean,
+       quantile(0.5)(input_tokens) AS input_p50,
+       quantile(0.9)(input_tokens) AS input_p90,
+       avg(input_tokens - cached_tokens) AS uncached_mean,
+       avg(output_tokens) AS output_mean,
+       sum(output_tokens) AS output_tokens_sum,
+       sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
+       uniqExact(prefix_key) / nullIf(countIf(prefix_key != ''), 0) AS prefix_keys_per_request,
+       avg(preemptions) AS preemptions_per_request,
+       sumIf(kv_transfer_s, kv_transfer_s > 0)
+           / nullIf(sumIf(input_tokens - cached_tokens, kv_transfer_s > 0), 0) AS kv_transfer_s_per_token
+FROM requests
+WHERE {_SIDES_WHERE}
+GROUP BY side
+ORDER BY side
+"""
+
+# Requests sampled per side by a hash of the span id (the same sample on every run): a hash cut first
+# keeps the sort small, then LIMIT BY caps each side.
+REQUEST_SAMPLE = f"""
+SELECT {_SIDE}, ttft_s, tpot_s, e2e_s, tpot_max_s, queue_s, prefill_s, kv_transfer_s, input_tokens, is_error
+FROM requests
+WHERE {_SIDES_WHERE}
+  AND cityHash64(span_id) <= if({_CURRENT}, {{cut_c:UInt64}}, {{cut_b:UInt64}})
+ORDER BY side, cityHash64(span_id)
+LIMIT {{n:UInt32}} BY side
+"""
+
+STEP_SIDES = f"""
+SELECT {_SIDE},
+       count() AS steps,
+       uniqExact(instance) AS instances,
+       sum(duration_s) AS busy_s,
+       sumIf(gap_s, decode_tokens > 0) AS work_gap_s,
+       sumIf(gap_s, decode_tokens = 0) AS idle_gap_s,
+       countIf(decode_tokens > 0) AS decode_steps,
+       avgIf(gap_s, decode_tokens > 0) AS work_gap_mean,
+       quantileIf(0.5)(gap_s, decode_tokens > 0) AS work_gap_p50,
+       quantileIf(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
+       avg(duration_s) AS step_mean,
+       avg(batch_size) AS batch_mean,
+       quantile(0.9)(batch_size) AS batch_p90,
+       max(batch_size) AS batch_max,
+       sum(preemptions) AS preemptions,
+       avg(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_mean,
+       quantile(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
+       avg(kv_blocks_total) AS kv_blocks_total_mean,
+       avg(num_waiting) AS waiting_mean,
+       avg(chunked_prefill) AS chunked_share,
+       countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
+       quantileIf(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99,
+       maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max,
+       sum(prefill_tokens) AS prefill_tokens_sum,
+       sum(decode_tokens) AS decode_tokens_sum,
+       uniqExact(weight_dtype) AS weight_dtypes,
+       topK(1)(weight_dtype)[1] AS weight_dtype_top,
+       avg(max_num_seqs) AS max_num_seqs_mean,
+       max(max_num_seqs) AS max_num_seqs_max
+FROM steps
+WHERE {_SIDES_WHERE}
+GROUP BY side
+ORDER BY side
+"""
+
+# Steps by shape: the table behind "step time at equal batch size" and "prefill riding with decodes".
+STEP_SHAPE = f"""
+SELECT {_SIDE}, batch_size,
+       toUInt8(prefill_tokens > 0) AS has_prefill,
+       toUInt8(decode_tokens > 0) AS has_decode,
+       count() AS steps,
+       sum(duration_s) AS duration_sum,
+       quantile(0.5)(duration_s) AS duration_p50,
+       sum(gap_s) AS gap_sum,
+       sum(bytes_read) AS bytes_sum,
+       sum(prefill_tokens) AS prefill_sum
+FROM steps
+WHERE {_SIDES_WHERE}
+GROUP BY side, batch_size, has_prefill, has_decode
+ORDER BY side, batch_size, has_prefill, has_decode
+"""
+
+# --- the named-query library (`stepscope query`) --------------------------------------------------------
+_WINDOW = _IN % ("w0", "w1")
+
+SLOWEST = f"""
+SELECT toUnixTimestamp64Milli(time) / 1e3 AS time_s, trace_id, request_id, service, instance,
+       round({{metric:Identifier}}, 4) AS value, round(ttft_s, 4) AS ttft_s, round(tpot_s, 4) AS tpot_s,
+       round(e2e_s, 4) AS e2e_s, round(queue_s, 4) AS queue_s, round(prefill_s, 4) AS prefill_s,
+       input_tokens, output_tokens, cached_tokens, preemptions, finish_reason, is_error
+FROM requests
+WHERE {_WINDOW} AND isNotNull({{metric:Identifier}})
+ORDER BY {{metric:Identifier}} DESC
+LIMIT {{limit:UInt32}}
+"""
+
+COMPARE = f"""
+SELECT if({_IN % ("b_from", "b_to")}, 'b', 'a') AS window,
+       count() AS requests,
+       round(avg(is_error), 4) AS error_rate,
+       round(quantile(0.5)(ttft_s), 4) AS ttft_p50, round(quantile(0.99)(ttft_s), 4) AS ttft_p99,
+       round(quantile(0.5)(tpot_s), 4) AS tpot_p50, round(quantile(0.99)(tpot_s), 4) AS tpot_p99,
+       round(quantile(0.99)(e2e_s), 4) AS e2e_p99,
+       round(avg(queue_s), 4) AS queue_mean, round(avg(prefill_s), 4) AS prefill_mean,
+       round(avg(decode_s), 4) AS decode_mean,
+       round(avg(input_tokens), 1) AS input_mean, round(avg(output_tokens), 1) AS output_mean,
+       round(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 3) AS cached_share
+FROM requests
+WHERE {_IN % ("a_from", "a_to")} OR {_IN % ("b_from", "b_to")}
+GROUP BY window
+ORDER BY window
+"""
+
+WATERFALL = """
+SELECT toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration AS duration_ns, SpanId AS span_id,
+       ParentSpanId AS parent_span_id, SpanName AS name, ServiceName AS service, StatusCode AS status
+FROM otel_traces
+WHERE TraceId = lower({trace_id:String})
+ORDER BY Timestamp
+LIMIT 2000
+"""
+
+CACHE_HIT_RATE = f"""
+SELECT toUnixTimestamp64Milli(toStartOfInterval(time, toIntervalSecond({{interval_s:UInt32}}))) / 1e3
+           AS bucket_s,
+       count() AS requests,
+       round(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 3) AS cached_share,
+       uniqExact(prefix_key) AS prefix_keys,
+       round(avg(input_tokens), 1) AS input_mean,
+       round(avg(ttft_s), 4) AS ttft_mean
+FROM requests
+WHERE {_WINDOW}
+GROUP BY bucket_s
+ORDER BY bucket_s
+"""
+
+STEP_TIME_BY_BATCH = f"""
+SELECT batch_size, count() AS steps,
+       round(quantile(0.5)(duration_s) * 1e3, 2) AS step_ms_p50,
+       round(quantile(0.99)(duration_s) * 1e3, 2) AS step_ms_p99,
+       round(avg(gap_s) * 1e3, 3) AS gap_ms_mean,
+       round(avg(prefill_tokens), 1) AS prefill_tokens_mean,
+       round(avg(decode_tokens), 1) AS decode_tokens_mean,
+       sum(preemptions) AS preemptions
+FROM steps
+WHERE {_WINDOW}
+GROUP BY batch_size
+ORDER BY batch_size
+"""
+
+# --- evidence queries attached to findings (rendered with literal numbers by `render`) ----------------
+_EVIDENCE_HEAD = (
+    "SELECT toStartOfInterval(time, toIntervalSecond({iv:UInt32})) AS t, {cols} FROM {table} "
+    "WHERE time >= fromUnixTimestamp64Nano({t0:Int64}) AND time < fromUnixTimestamp64Nano({t1:Int64}) "
+    "GROUP BY t ORDER BY t"
+)
+_EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
+    "prefix_cache_miss": (
+        "requests",
+        "count() AS requests, sum(cached_tokens) / sum(input_tokens) AS cached_share, "
+        "uniqExact(prefix_key) AS prefix_keys, avg(input_tokens) AS input_mean, "
+        "avg(prefill_s) AS prefill_mean",
+    ),
+    "long_prompts": (
+        "requests",
+        "count() AS requests, avg(input_tokens) AS input_mean, quantile(0.9)(input_tokens) AS input_p90, "
+        "avg(prefill_s) AS prefill_mean, avg(queue_s) AS queue_mean",
+    ),
+    "queueing_overload": (
+        "requests",
+        "count() AS requests, avg(queue_s) AS queue_mean, avg(prefill_s) AS prefill_mean, "
+        "quantile(0.99)(ttft_s) AS ttft_p99",
+    ),
+    "oversized_batch": (
+        "steps",
+        "avg(batch_size) AS batch_mean, max(max_num_seqs) AS max_num_seqs, avg(duration_s) AS step_mean, "
+        "sum(preemptions) AS preemptions",
+    ),
+    "prefill_interference": (
+        "steps",
+        "avg(chunked_prefill) AS chunked_share, "
+        "maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max, "
+        "max(duration_s) AS step_max",
+    ),
+    "kv_cache_pressure": (
+        "steps",
+        "sum(preemptions) AS preemptions, avg(kv_blocks_used / kv_blocks_total) AS kv_usage, "
+        "avg(kv_blocks_total) AS kv_blocks_total_mean, avg(num_waiting) AS waiting_mean",
+    ),
+    "scheduler_stall": (
+        "steps",
+        "avgIf(gap_s, decode_tokens > 0) AS work_gap_mean, quantileIf(0.99)(gap_s, decode_tokens > 0) AS "
+        "work_gap_p99, avg(duration_s) AS step_mean, count() AS steps",
+    ),
+    "rpc_overhead": (
+        "requests",
+        "avg(rpc_delay_s) AS rpc_delay_mean, max(rpc_delay_max_s) AS rpc_delay_max, avg(tpot_s) AS tpot_mean",
+    ),
+    "weight_quant_off": (
+        "steps",
+        "anyHeavy(weight_dtype) AS weight_dtype, avg(duration_s / greatest(batch_size, 1)) AS step_per_seq, "
+        "avg(bytes_read) AS bytes_read_mean, avg(batch_size) AS batch_mean",
+    ),
+    "kv_transfer_slow": (
+        "requests",
+        "avg(kv_transfer_s) AS kv_transfer_mean, avg(ttft_s) AS ttft_mean, "
+        "sum(kv_transfer_s) / sum(input_tokens - cached_tokens) AS kv_transfer_s_per_token",
+    ),
+}
+EVIDENCE: dict[str, str] = {
+    cause: _EVIDENCE_HEAD.replace("{cols}", cols).replace("{table}", table)
+    for cause, (table, cols) in _EVIDENCE_COLUMNS.items()
+}
+
+
+def render(sql: str, params: dict[str, object]) -> str:
+    """SQL with its `{name:Type}` parameters replaced by typed literals, for people to copy and run:
+    integers and floats checked as numbers, strings quoted with ClickHouse escaping. A placeholder without
+    a value, a value of the wrong type, or an unknown type raises ValueError; SQL text is never taken
+    from a value."""
+
+    def literal(m: re.Match[str]) -> str:
+        name, kind = m.group(1), m.group(2)
+        if name not in params:
+            raise ValueError(f"no value for parameter {name!r}")
+        value = params[name]
+        if kind.startswith(("Int", "UInt")):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"parameter {name!r} must be an integer, got {value!r}")
+            return str(value)
+        if kind.startswith("Float"):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"parameter {name!r} must be a finite number, got {value!r}")
+            return repr(float(value))
+        if kind == "String":
+            if not isinstance(value, str):
+                raise ValueError(f"parameter {name!r} must be a string, got {value!r}")
+            return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        raise ValueError(f"cannot render parameter type {kind!r}")
+
+    return re.sub(r"\{(\w+):(\w+)\}", literal, sql)

@@ -1,0 +1,130 @@
+"""Symptoms: which of TTFT/TPOT/E2E quantiles, inter-token stalls, throughput, goodput and error rate got
+worse between the baseline and the current window. A regression needs an effect size past its threshold,
+a one-sided significance test under `alpha`, and enough samples on both sides (DESIGN.md, step 1)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from diagnosis import stats
+from diagnosis.config import DiagnosisConfig
+from diagnosis.facts import Facts
+from diagnosis.model import Regression
+
+# metric -> (aggregate column, sample column, quantile)
+LATENCY_METRICS: dict[str, tuple[str, str, float]] = {
+    "ttft_p50": ("ttft_p50", "ttft_s", 0.5),
+    "ttft_p99": ("ttft_p99", "ttft_s", 0.99),
+    "tpot_p50": ("tpot_p50", "tpot_s", 0.5),
+    "tpot_p99": ("tpot_p99", "tpot_s", 0.99),
+    "e2e_p99": ("e2e_p99", "e2e_s", 0.99),
+    "itl_max_p99": ("itl_max_p99", "tpot_max_s", 0.99),
+}
+
+
+def detect(facts: Facts) -> list[Regression]:
+    """Every symptom that regressed, worst ratio first within latency, then rates."""
+    cfg = facts.config
+    out = [r for name in LATENCY_METRICS if (r := _latency(facts, name, cfg))]
+    out.sort(key=lambda r: -r.ratio)
+    for check in (_throughput, _goodput, _error_rate):
+        r = check(facts, cfg)
+        if r:
+            out.append(r)
+    return out
+
+
+def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None:
+    column, sample_column, q = LATENCY_METRICS[name]
+    xb = facts.sample[0].get(sample_column, np.array([]))
+    xc = facts.sample[1].get(sample_column, np.array([]))
+    nb, nc = int(np.isfinite(xb).sum()), int(np.isfinite(xc).sum())
+    need = cfg.min_requests_p99 if q > 0.5 else cfg.min_requests_p50
+    if min(nb, nc) < need:
+        return None
+    base, cur = facts.b(column), facts.c(column)
+    r = stats.ratio(cur, base)
+    if not r >= (cfg.min_ratio_p99 if q > 0.5 else cfg.min_ratio_p50):
+        return None
+    p = stats.exceedance_greater(xc, xb, q) if q > 0.5 else stats.mann_whitney_greater(xc, xb)
+    if p >= cfg.alpha:
+        return None
+    return Regression(name, base, cur, r, p, nb, nc)
+
+
+def _interval_rates(facts: Facts, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-interval values of series `name` inside the baseline and the current window."""
+    s = facts.series
+    x = s.get(name)
+    t = s.start + np.arange(len(s)) * s.interval_s
+    full_b = (t >= facts.baseline.start) & (t + s.interval_s <= facts.baseline.end)
+    full_c = (t >= facts.window.start) & (t + s.interval_s <= facts.window.end)
+    return np.nan_to_num(x[full_b]), np.nan_to_num(x[full_c])
+
+
+def _throughput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
+    """Output tokens per second fell, by more than demand fell (fewer arrivals are not a regression)."""
+    base, cur = facts.b("output_tokens_per_s"), facts.c("output_tokens_per_s")
+    r = stats.ratio(cur, base)
+    demand = stats.ratio(facts.c("rate_rps"), facts.b("rate_rps"))
+    if not (r <= cfg.min_drop_rate and r / demand <= cfg.min_drop_rate):
+        return None
+    xb, xc = _interval_rates(facts, "output_tokens")
+    if min(len(xb), len(xc)) < cfg.min_intervals:
+        return None
+    p = stats.mann_whitney_greater(xb, xc)
+    if p >= cfg.alpha:
+        return None
+    return Regression("throughput", base, cur, r, p, len(xb), len(xc))
+
+
+def slo(facts: Facts) -> tuple[float, float]:
+    """The SLO goodput counts against: the configured one, else the baseline's own P99 TTFT and TPOT."""
+    cfg = facts.config
+    ttft = cfg.slo_ttft_s if cfg.slo_ttft_s is not None else stats.quantile(facts.sample[0]["ttft_s"], 0.99)
+    tpot = cfg.slo_tpot_s if cfg.slo_tpot_s is not None else stats.quantile(facts.sample[0]["tpot_s"], 0.99)
+    return ttft, tpot
+
+
+def slo_met(sample: dict[str, np.ndarray], ttft_slo: float, tpot_slo: float) -> tuple[int, int]:
+    """(requests meeting the SLO, requests) in a sample; a missing TPOT (one output token) passes it."""
+    ttft, tpot, err = sample["ttft_s"], sample["tpot_s"], sample["is_error"]
+    if len(ttft) == 0:
+        return 0, 0
+    ok_ttft = ttft <= ttft_slo if math.isfinite(ttft_slo) else np.ones(len(ttft), bool)
+    ok_tpot = (~np.isfinite(tpot)) | (tpot <= tpot_slo) if math.isfinite(tpot_slo) else True
+    met = ok_ttft & ok_tpot & (np.nan_to_num(err) == 0)
+    return int(met.sum()), len(ttft)
+
+
+def _goodput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
+    """The share of requests meeting the SLO fell (reported as that share; `goodput_rps` in the data)."""
+    ttft_slo, tpot_slo = slo(facts)
+    kb, nb = slo_met(facts.sample[0], ttft_slo, tpot_slo)
+    kc, nc = slo_met(facts.sample[1], ttft_slo, tpot_slo)
+    if min(nb, nc) < cfg.min_requests_p99:
+        return None
+    base, cur = kb / nb, kc / nc
+    r = stats.ratio(cur, base)
+    if not r <= cfg.min_drop_rate:
+        return None
+    p = stats.two_proportion_greater(nc - kc, nc, nb - kb, nb)
+    if p >= cfg.alpha:
+        return None
+    return Regression("goodput", base, cur, r, p, nb, nc)
+
+
+def _error_rate(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
+    nb, nc = int(facts.b("requests") or 0), int(facts.c("requests") or 0)
+    if min(nb, nc) < cfg.min_requests_p50:
+        return None
+    eb, ec = int(facts.b("errors") or 0), int(facts.c("errors") or 0)
+    base, cur = eb / nb, ec / nc
+    if cur - base < cfg.min_error_rate_increase or not stats.ratio(cur, base) >= cfg.min_error_rate_ratio:
+        return None
+    p = stats.two_proportion_greater(ec, nc, eb, nb)
+    if p >= cfg.alpha:
+        return None
+    return Regression("error_rate", base, cur, stats.ratio(cur, base), p, nb, nc)

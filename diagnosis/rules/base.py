@@ -1,0 +1,98 @@
+"""What every rule shares: the Rule shape, evidence strength, and how a finding is put together.
+
+A rule is a module with `CAUSE`, `LEVER` and `evaluate(facts) -> Finding | NotEnoughData | None`: a data
+precondition (NotEnoughData when what it needs was not recorded), an evidence test with effect sizes
+(None when the evidence is absent), and a confidence from the share of the symptom's change its part
+explains times how far the evidence is past its threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from diagnosis import queries
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding, NotEnoughData
+
+Rule = Callable[[Facts], "Finding | NotEnoughData | None"]
+
+
+def strength(ratio: float, threshold: float) -> float:
+    """0 at the threshold, 1 at its square (ratios) and beyond; for ratios below 1 pass their inverse."""
+    if not (math.isfinite(ratio) and ratio > 0 and threshold > 1):
+        return 1.0 if ratio == math.inf else 0.0
+    return max(0.0, min(1.0, math.log(ratio) / math.log(threshold) - 1.0))
+
+
+def steps_missing(facts: Facts, cause: str) -> NotEnoughData | None:
+    """NotEnoughData when there are no engine.step rows on both sides."""
+    if facts.steps is None or not (facts.sb("steps") > 0 and facts.sc("steps") > 0):
+        return NotEnoughData(cause, "engine.step spans (the steps table has no rows in both windows)")
+    return None
+
+
+def ttft_share(facts: Facts, *parts: str) -> float:
+    """Largest share of the TTFT change (mean or tail) explained by `parts` (queue, prefill, kv_transfer)."""
+    d = facts.decomposition.get("ttft", {})
+    if not d.get("available"):
+        return math.nan
+    best = math.nan
+    for label in ("mean", "tail"):
+        shares = d[label]["share"]
+        s = sum(shares.get(p, math.nan) for p in parts)
+        if math.isfinite(s) and not (s <= best):
+            best = s
+    return best
+
+
+def period_share(facts: Facts, *parts: str) -> float:
+    """Share of the decode step period's change explained by `parts` of the step-period split."""
+    d = facts.decomposition.get("step_period", {})
+    if not d.get("available"):
+        return math.nan
+    return sum(d["share"].get(p, math.nan) for p in parts)
+
+
+def best(*values: float) -> float:
+    """Largest finite value (NaN when none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) if finite else math.nan
+
+
+def make_finding(
+    facts: Facts,
+    cause: str,
+    *,
+    symptoms: tuple[str, ...],
+    share: float,
+    strength_: float,
+    onset_series: str,
+    evidence: list[Evidence],
+    lever: str,
+    summary: str,
+) -> Finding | None:
+    """A finding with confidence share x (0.6 + 0.4 strength), or None when it explains too little."""
+    cfg = facts.config
+    if not symptoms or not math.isfinite(share) or share < cfg.min_share_explained:
+        return None
+    confidence = min(1.0, share) * (0.6 + 0.4 * max(0.0, min(1.0, strength_)))
+    if confidence < cfg.min_confidence:
+        return None
+    span_start = min(facts.baseline.start, facts.window.start)
+    iv = max(1, round(facts.series.interval_s))
+    sql = queries.render(
+        queries.EVIDENCE[cause],
+        {"iv": int(iv), "t0": int(span_start * 1e9), "t1": int(facts.window.end * 1e9)},
+    )
+    return Finding(
+        cause=cause,
+        symptoms=symptoms,
+        confidence=confidence,
+        onset=facts.onset(onset_series),
+        evidence=tuple(evidence),
+        lever=lever,
+        sql=sql,
+        summary=summary,
+        share_explained=min(1.0, share),
+    )

@@ -1,0 +1,62 @@
+"""kv_transfer_slow: in a disaggregated deployment, moving the prompt's KV cache from the prefill worker
+to the decode worker got slow (a congested or mis-routed link, a fallback transport).
+
+Evidence: the KV transfer's share of TTFT up, and transfer seconds per transferred prompt token up (the
+inverse of bandwidth, since KV bytes are proportional to tokens).
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding
+from diagnosis.rules.base import make_finding, strength, ttft_share
+
+CAUSE = "kv_transfer_slow"
+LEVER = (
+    "Check the prefill-to-decode transport: link utilisation and errors, that RDMA/NVLink is in use rather "
+    "than a TCP fallback, and the placement of prefill and decode workers."
+)
+
+
+def evaluate(facts: Facts) -> Finding | None:
+    """KV transfer share of mean TTFT up by `kv_transfer_share_increase`, seconds per token up by
+    `kv_transfer_per_token_ratio`. Share = KV transfer part of the TTFT change."""
+    cfg = facts.config
+    if not (facts.b("with_kv_transfer") > 0 or facts.c("with_kv_transfer") > 0):
+        return None  # colocated serving: no transfer can be slow
+    symptoms = facts.regressed("ttft", "e2e", "goodput")
+    if not symptoms:
+        return None
+    shares = [
+        get("kv_transfer_mean") / get("ttft_mean") if get("ttft_mean") > 0 else math.nan
+        for get in (facts.b, facts.c)
+    ]
+    per_token = [facts.b("kv_transfer_s_per_token"), facts.c("kv_transfer_s_per_token")]
+    ratio = per_token[1] / per_token[0] if per_token[0] > 0 else math.inf
+    if not (
+        shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio
+    ):
+        return None
+    share = ttft_share(facts, "kv_transfer")
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(ratio, cfg.kv_transfer_per_token_ratio),
+        onset_series="kv_transfer_mean",
+        evidence=[
+            Evidence("kv_transfer_share_of_ttft", shares[0], shares[1]),
+            Evidence("kv_transfer_s_mean", facts.b("kv_transfer_mean"), facts.c("kv_transfer_mean")),
+            Evidence("kv_transfer_s_per_token", per_token[0], per_token[1]),
+            Evidence(
+                "tokens_per_s_transferred",
+                1 / per_token[0] if per_token[0] else None,
+                1 / per_token[1] if per_token[1] else None,
+            ),
+        ],
+        lever=LEVER,
+        summary=f"KV transfer {shares[0]:.0%} -> {shares[1]:.0%} of TTFT; per-token time x{ratio:.1f}",
+    )

@@ -1,0 +1,49 @@
+"""long_prompts: the prompts got longer; prefill takes longer and the queue grows behind it.
+
+Evidence: the prompt-length distribution shifted (mean and median up), and prefill plus queue time explain
+most of the TTFT change. Look-alikes: prefill_interference (prompt lengths unchanged, chunking off) and
+prefix_cache_miss (lengths unchanged, cached share down).
+"""
+
+from __future__ import annotations
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding
+from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
+
+CAUSE = "long_prompts"
+LEVER = (
+    "Find what lengthened prompts (a client, a template, retrieval returning more context); cap input "
+    "length or route long prompts to a prefill pool; chunked prefill keeps them from stalling decodes."
+)
+
+
+def evaluate(facts: Facts) -> Finding | None:
+    """Mean and median prompt length up by `long_prompt_ratio`; share from prefill + queue (TTFT) or
+    prefill riding in decode steps (TPOT)."""
+    cfg = facts.config
+    symptoms = facts.regressed("ttft", "e2e", "tpot", "itl_max", "goodput", "throughput")
+    mean_ratio = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else 0.0
+    p50_ratio = facts.c("input_p50") / facts.b("input_p50") if facts.b("input_p50") > 0 else 0.0
+    if not symptoms or not (mean_ratio >= cfg.long_prompt_ratio and p50_ratio >= cfg.steady_prompt_ratio):
+        return None
+    share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
+    if facts.regressed("throughput", "goodput") and not share >= cfg.min_share_explained:
+        share = cfg.min_share_explained  # longer prompts cut capacity even when no latency part moved
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(mean_ratio, cfg.long_prompt_ratio),
+        onset_series="input_mean",
+        evidence=[
+            Evidence("input_tokens_mean", facts.b("input_mean"), facts.c("input_mean")),
+            Evidence("input_tokens_p50", facts.b("input_p50"), facts.c("input_p50")),
+            Evidence("input_tokens_p90", facts.b("input_p90"), facts.c("input_p90")),
+            Evidence("prefill_s_mean", facts.b("prefill_mean"), facts.c("prefill_mean")),
+            Evidence("queue_s_mean", facts.b("queue_mean"), facts.c("queue_mean")),
+        ],
+        lever=LEVER,
+        summary=f"prompts x{mean_ratio:.2f} longer (mean); prefill + queue explain {share:.0%}",
+    )

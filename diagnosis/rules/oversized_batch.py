@@ -1,0 +1,74 @@
+"""oversized_batch: the engine runs more sequences per step than its latency budget allows.
+
+Evidence: batch size up and the batch-size part of the decode step period explaining most of its change,
+with no preemption wave (look-alike kv_cache_pressure: preemptions with KV usage pinned near full) and not
+simply filled by more arrivals under an unchanged limit (that is queueing_overload).
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.rules.base import make_finding, period_share, steps_missing, strength
+
+CAUSE = "oversized_batch"
+LEVER = (
+    "Back max_num_seqs (or the token budget) off to the knee of step time vs batch size, with 20% "
+    "headroom; `stepscope query step_time_by_batch` shows the curve."
+)
+
+
+def preemption_rate(facts: Facts, side: int) -> float:
+    """Preemptions per thousand steps on a side."""
+    get = facts.sb if side == 0 else facts.sc
+    return 1000 * get("preemptions") / get("steps") if get("steps") > 0 else math.nan
+
+
+def _grew_on_its_own(facts: Facts) -> bool:
+    """Without a recorded limit: arrivals flat, steps as fast at equal batch size, gaps flat."""
+    cfg = facts.config
+    arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan
+    split = facts.decomposition.get("step_period", {})
+    speed = split.get("equal_batch_ratio", math.nan)
+    gaps = facts.sc("work_gap_mean") / facts.sb("work_gap_mean") if facts.sb("work_gap_mean") > 0 else 1.0
+    return arrivals < cfg.arrival_ratio and speed < cfg.equal_batch_ratio and gaps < cfg.gap_ratio
+
+
+def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
+    """Mean batch size up by `batch_ratio`; preemptions not up by `preemptions_per_kstep`; `max_num_seqs`
+    raised (or, where it is not recorded, arrivals, equal-batch speed and gaps flat); share = batch-size
+    part of the step-period change."""
+    cfg = facts.config
+    if missing := steps_missing(facts, CAUSE):
+        return missing
+    symptoms = facts.regressed("tpot", "itl_max", "e2e", "goodput")
+    batch = facts.sc("batch_mean") / facts.sb("batch_mean") if facts.sb("batch_mean") > 0 else 0.0
+    if not symptoms or not batch >= cfg.batch_ratio:
+        return None
+    if preemption_rate(facts, 1) - preemption_rate(facts, 0) >= cfg.preemptions_per_kstep:
+        return None
+    limit_raised = facts.sc("max_num_seqs_max") > facts.sb("max_num_seqs_max")
+    if facts.sb("max_num_seqs_max") > 0 and not limit_raised:
+        return None  # the limit did not move: more arrivals or slower steps filled the batch
+    if not limit_raised and not _grew_on_its_own(facts):
+        return None
+    share = period_share(facts, "batch_size")
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(batch, cfg.batch_ratio) + (0.5 if limit_raised else 0.0),
+        onset_series="max_num_seqs" if limit_raised else "batch_mean",
+        evidence=[
+            Evidence("batch_size_mean", facts.sb("batch_mean"), facts.sc("batch_mean")),
+            Evidence("max_num_seqs", facts.sb("max_num_seqs_max"), facts.sc("max_num_seqs_max")),
+            Evidence("step_s_mean", facts.sb("step_mean"), facts.sc("step_mean")),
+            Evidence("preemptions_per_1k_steps", preemption_rate(facts, 0), preemption_rate(facts, 1)),
+            Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),
+        ],
+        lever=LEVER,
+        summary=f"batch size x{batch:.2f}; batch size explains {share:.0%} of the decode step period change",
+    )

@@ -1,0 +1,53 @@
+"""prefix_cache_miss: requests that used to share a cached prompt prefix no longer hit it.
+
+Evidence: the cached share of prompt tokens collapsed and the number of distinct prefix keys per request
+went up, at unchanged prompt lengths (longer prompts lower the cached share too: that is long_prompts),
+with prefill (and the queue behind it) explaining the TTFT change.
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding
+from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
+
+CAUSE = "prefix_cache_miss"
+LEVER = (
+    "Find what changed the prompt prefix or the cache key (a template edit, a timestamp or request id "
+    "early in the system prompt, a new cache_salt); keep shared content first and byte-identical."
+)
+
+
+def evaluate(facts: Facts) -> Finding | None:
+    """Cached share down by `cache_share_drop` (absolute) and to `cache_share_ratio` of the baseline or
+    less, prompt lengths within `steady_prompt_ratio`."""
+    cfg = facts.config
+    symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput", "tpot")
+    cb, cc = facts.b("cached_share"), facts.c("cached_share")
+    if not symptoms or not (math.isfinite(cb) and math.isfinite(cc)) or cb <= 0:
+        return None
+    if not (cb - cc >= cfg.cache_share_drop and cc / cb <= cfg.cache_share_ratio):
+        return None
+    lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
+    if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
+        return None
+    share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
+    keys_b, keys_c = facts.b("prefix_keys_per_request"), facts.c("prefix_keys_per_request")
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(cb / cc if cc > 0 else math.inf, 1 / cfg.cache_share_ratio),
+        onset_series="cached_share",
+        evidence=[
+            Evidence("cached_token_share", cb, cc),
+            Evidence("prefix_keys_per_request", keys_b, keys_c),
+            Evidence("input_tokens_mean", facts.b("input_mean"), facts.c("input_mean")),
+            Evidence("prefill_s_mean", facts.b("prefill_mean"), facts.c("prefill_mean")),
+        ],
+        lever=LEVER,
+        summary=f"cached share of prompt tokens {cb:.0%} -> {cc:.0%} at unchanged prompt lengths",
+    )

@@ -1,0 +1,58 @@
+"""queueing_overload: more requests arrive than the engine serves; they wait in the queue.
+
+Evidence: arrivals up, queue time up and explaining most of the TTFT change, and (with step data) a busy
+step loop. Look-alike scheduler_stall has the queue grow with arrivals flat and gaps between steps up.
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding
+from diagnosis.rules.base import make_finding, strength, ttft_share
+
+CAUSE = "queueing_overload"
+LEVER = (
+    "Load is past the capacity knee: rate-limit or queue at the edge (admission control), or add "
+    "instances; `stepscope bench` finds the knee to size against."
+)
+
+
+def evaluate(facts: Facts) -> Finding | None:
+    """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`."""
+    cfg = facts.config
+    symptoms = facts.regressed("ttft", "e2e", "goodput", "tpot")
+    arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan
+    if not symptoms or not arrivals >= cfg.arrival_ratio:
+        return None
+    if not facts.c("queue_mean") > facts.b("queue_mean"):
+        return None
+    share = ttft_share(facts, "queue")
+    evidence = [
+        Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),
+        Evidence("queue_s_mean", facts.b("queue_mean"), facts.c("queue_mean")),
+        Evidence("ttft_s_mean", facts.b("ttft_mean"), facts.c("ttft_mean")),
+    ]
+    if facts.steps is not None:
+        busy = [
+            (get("busy_s") + get("work_gap_s")) / (get("seconds") * max(1.0, get("instances") or 1.0))
+            for get in (facts.sb, facts.sc)
+        ]
+        evidence += [
+            Evidence("step_loop_busy_share", busy[0], busy[1]),
+            Evidence("waiting_requests_mean", facts.sb("waiting_mean"), facts.sc("waiting_mean")),
+        ]
+        if not busy[1] >= cfg.busy_share:
+            return None
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(arrivals, cfg.arrival_ratio),
+        onset_series="requests",
+        evidence=evidence,
+        lever=LEVER,
+        summary=f"arrivals x{arrivals:.2f}; queue time explains {share:.0%} of the TTFT change",
+    )

@@ -1,0 +1,57 @@
+"""rpc_overhead: the channel between the engine core and the front end got slow (serialization, a
+saturated socket, a busy front-end event loop).
+
+Evidence: the front end's measured delay between the core producing a token and receiving it
+(`rpc_delay_s`) grew. Look-alike scheduler_stall: only time between steps inside the core grew (core-side
+encode time also shows there, which is why the front-end delay is the discriminating measurement).
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.rules.base import best, make_finding, strength
+
+CAUSE = "rpc_overhead"
+LEVER = (
+    "Make the core-to-front-end channel cheaper: a faster codec (msgpack/zero-copy), fewer and larger "
+    "messages (batch outputs per step), or more front-end processes; check the front end's event loop lag."
+)
+
+
+def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
+    """Mean RPC delay up by `rpc_ratio` and `min_rpc_increase_s`; share = (RPC delay change + change of
+    gaps between steps) over the mean TPOT, TTFT or E2E change, whichever regressed and is best explained."""
+    cfg = facts.config
+    if not (facts.b("with_rpc") > 0 and facts.c("with_rpc") > 0):
+        return NotEnoughData(CAUSE, "stepscope.rpc.delay_mean_s on llm_request (front-end RPC delay)")
+    symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
+    rb, rc = facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")
+    if not symptoms or not (rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb):
+        return None
+    gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean")
+    delta = (rc - rb) + (gap if math.isfinite(gap) and gap > 0 else 0.0)
+    shares = []
+    for family, column in (("tpot", "tpot_mean"), ("ttft", "ttft_mean"), ("itl_max", "tpot_mean")):
+        total = facts.c(column) - facts.b(column)
+        if facts.regressed(family) and total > 0:
+            shares.append(min(1.0, delta / total))
+    share = best(*shares, 0.5 if facts.regressed("e2e", "throughput", "goodput") else math.nan)
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(rc / rb if rb > 0 else math.inf, cfg.rpc_ratio),
+        onset_series="rpc_delay_mean",
+        evidence=[
+            Evidence("rpc_delay_s_mean", rb, rc),
+            Evidence("rpc_delay_max_s_p99", facts.b("rpc_delay_max_p99"), facts.c("rpc_delay_max_p99")),
+            Evidence("gap_before_decode_step_s_mean", facts.sb("work_gap_mean"), facts.sc("work_gap_mean")),
+            Evidence("tpot_s_mean", facts.b("tpot_mean"), facts.c("tpot_mean")),
+        ],
+        lever=LEVER,
+        summary=f"front-end RPC delay per token {rb * 1e3:.2f} -> {rc * 1e3:.2f} ms",
+    )

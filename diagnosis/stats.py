@@ -1,0 +1,133 @@
+"""Statistics of the diagnosis, in numpy only: a rank test, a tail-exceedance test, a change point.
+
+- `mann_whitney_greater(current, baseline)`: one-sided Mann–Whitney U (is `current` stochastically larger?),
+  normal approximation with tie and continuity corrections (exact enough at the sample sizes we accept).
+- `exceedance_greater(current, baseline, q)`: do more of `current` exceed the baseline's q-quantile than of
+  `baseline` itself? A one-sided two-proportion z-test: the test that fits a P99 regression, which a rank
+  test on the whole distribution can miss.
+- `change_point(series)`: the single split that best separates a mean shift in one or several standardised
+  series (the first step of binary segmentation), with a robust noise scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _norm_sf(z: float) -> float:
+    """P(Z > z) for a standard normal."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _finite(x: np.ndarray | list[float]) -> np.ndarray:
+    a = np.asarray(x, dtype=float)
+    return a[np.isfinite(a)]
+
+
+def mann_whitney_greater(current: np.ndarray | list[float], baseline: np.ndarray | list[float]) -> float:
+    """One-sided p-value that `current` tends to be larger than `baseline` (1.0 when either is empty)."""
+    x, y = _finite(current), _finite(baseline)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    both = np.concatenate([x, y])
+    order = np.argsort(both, kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_vals = both[order]
+    # average ranks over ties
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0
+    ranks[order] = np.repeat(avg, counts)
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    tie_term = float((counts**3 - counts).sum()) / (n * (n - 1)) if n > 1 else 0.0
+    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+    if var <= 0:
+        return 1.0
+    z = (u1 - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
+    return _norm_sf(z)
+
+
+def two_proportion_greater(k_current: int, n_current: int, k_baseline: int, n_baseline: int) -> float:
+    """One-sided p-value that the current proportion is larger (pooled z-test; 1.0 when undefined)."""
+    if n_current <= 0 or n_baseline <= 0:
+        return 1.0
+    p1, p2 = k_current / n_current, k_baseline / n_baseline
+    pooled = (k_current + k_baseline) / (n_current + n_baseline)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_current + 1 / n_baseline))
+    if se == 0:
+        return 1.0 if p1 <= p2 else 0.0
+    return _norm_sf((p1 - p2) / se)
+
+
+def exceedance_greater(
+    current: np.ndarray | list[float], baseline: np.ndarray | list[float], q: float
+) -> float:
+    """One-sided p-value that more of `current` than of `baseline` lies above the baseline's q-quantile."""
+    x, y = _finite(current), _finite(baseline)
+    if len(x) == 0 or len(y) == 0:
+        return 1.0
+    threshold = float(np.quantile(y, q))
+    return two_proportion_greater(int((x > threshold).sum()), len(x), int((y > threshold).sum()), len(y))
+
+
+def robust_scale(x: np.ndarray) -> float:
+    """Noise scale of a series that may contain one level shift: MAD of first differences / sqrt(2)."""
+    d = np.diff(x)
+    if len(d) == 0:
+        return 0.0
+    mad = float(np.median(np.abs(d - np.median(d)))) * 1.4826 / math.sqrt(2.0)
+    return mad if mad > 0 else float(np.std(x))
+
+
+def shift_statistic(x: np.ndarray, min_size: int) -> np.ndarray:
+    """For each split k (left = x[:k]), the squared standardised mean difference weighted by k(m-k)/m;
+    NaN where a side would be shorter than `min_size`. Non-finite points must be removed beforehand."""
+    m = len(x)
+    out = np.full(m, np.nan)
+    scale = robust_scale(x)
+    if m < 2 * min_size or scale <= 0:
+        return out
+    csum = np.cumsum(x)
+    total = csum[-1]
+    for k in range(min_size, m - min_size + 1):
+        left = csum[k - 1] / k
+        right = (total - csum[k - 1]) / (m - k)
+        out[k] = k * (m - k) / m * ((right - left) / scale) ** 2
+    return out
+
+
+def change_point(series: list[np.ndarray], min_size: int) -> int | None:
+    """Index of the first interval after the best single split of a mean shift shared by `series` (equal
+    lengths, NaN allowed: filled with the series median), or None when no split is possible."""
+    total: np.ndarray | None = None
+    for raw in series:
+        x = np.asarray(raw, dtype=float)
+        finite = np.isfinite(x)
+        if finite.sum() < 2 * min_size:
+            continue
+        x = np.where(finite, x, np.median(x[finite]))
+        stat = shift_statistic(x, min_size)
+        if np.all(np.isnan(stat)):
+            continue
+        total = stat if total is None else np.nansum(np.vstack([total, stat]), axis=0)
+    if total is None or np.all(np.isnan(total)):
+        return None
+    return int(np.nanargmax(total))
+
+
+def quantile(x: np.ndarray | list[float], q: float) -> float:
+    """The q-quantile of the finite values (NaN when none)."""
+    a = _finite(x)
+    return float(np.quantile(a, q)) if len(a) else math.nan
+
+
+def ratio(current: float, baseline: float) -> float:
+    """current / baseline; inf when the baseline is 0 and current is not; NaN when either is NaN."""
+    if math.isnan(current) or math.isnan(baseline):
+        return math.nan
+    if baseline == 0:
+        return 1.0 if current == 0 else math.inf
+    return current / baseline

@@ -1,0 +1,48 @@
+"""The generated scenarios the diagnosis tests run on: each fault at a realistic magnitude, healthy runs,
+and a vLLM-shaped trace. Each run gets its own stretch of time, so one store holds them all."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tests.diagnosis.simulate import SimConfig
+
+T0 = 1_750_000_000.0
+SPACING_S = 1_000.0
+
+# name -> (config without t0, the cause a diagnosis should rank first; None: no finding)
+SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
+    "healthy_0": (SimConfig(seed=10, fault_at_s=None), None),
+    "healthy_1": (SimConfig(seed=11, fault_at_s=None, shared_fraction=0.5), None),
+    "healthy_2": (SimConfig(seed=12, fault_at_s=None, long_fraction=0.1, rate_rps=3.0), None),
+    "prefix_cache_miss": (
+        SimConfig(seed=1, shared_fraction=0.8, fault={"prefix_change_fraction": 0.6}),
+        "prefix_cache_miss",
+    ),
+    "long_prompts": (SimConfig(seed=2, fault={"prompt_factor": 4.0}), "long_prompts"),
+    "queueing_overload": (SimConfig(seed=3, fault={"rate_rps": 10.0}), "queueing_overload"),
+    "oversized_batch": (
+        SimConfig(seed=4, clients=24, max_num_seqs=4, fault={"max_num_seqs": 32}),
+        "oversized_batch",
+    ),
+    "prefill_interference": (
+        SimConfig(seed=5, long_fraction=0.15, fault={"chunked": False}),
+        "prefill_interference",
+    ),
+    "kv_cache_pressure": (SimConfig(seed=6, rate_rps=5.0, fault={"num_kv_blocks": 64}), "kv_cache_pressure"),
+    "scheduler_stall": (SimConfig(seed=7, fault={"stall_ms": 30.0}), "scheduler_stall"),
+    "rpc_overhead": (SimConfig(seed=8, fault={"rpc_factor": 20.0}), "rpc_overhead"),
+    "weight_quant_off": (SimConfig(seed=9, fault={"weight_dtype": "fp32"}), "weight_quant_off"),
+    "kv_transfer_slow": (
+        SimConfig(seed=13, kv_transfer_per_token_s=0.00005, fault={"kv_transfer_per_token_s": 0.0003}),
+        "kv_transfer_slow",
+    ),
+    "vllm_overload": (SimConfig(seed=14, vllm=True, fault={"rate_rps": 10.0}), "queueing_overload"),
+}
+
+
+def placed(name: str) -> SimConfig:
+    """The scenario's config with its own start time and service name."""
+    index = list(SCENARIOS).index(name)
+    cfg = SCENARIOS[name][0]
+    return dataclasses.replace(cfg, t0=T0 + index * SPACING_S, service="engine")
