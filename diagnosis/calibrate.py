@@ -55,7 +55,8 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
 
 def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
-    from diagnosis.scenario import start_server, workloads
+    from diagnosis.scenario import workloads
+    from diagnosis.scenario_procs import start_server
 
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
