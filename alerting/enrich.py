@@ -16,7 +16,7 @@ from typing import Any
 
 from alerting.evaluator import Transition
 from alerting.notify import iso
-from alerting.queries import QuerySource, breakdown, breakdown_text
+from alerting.queries import QuerySource, breakdown, breakdown_text, headline
 from alerting.rules import LATENCY_METRICS, Rule, fmt_duration, fmt_value
 
 log = logging.getLogger(__name__)
@@ -47,16 +47,17 @@ class DiagnosisSource:
 
 
 def alert_window(rule: Rule, transition: Transition, interval_s: float) -> tuple[tuple[float, float], ...]:
-    """(window, baseline): from the last evaluation that saw no breach to the firing, at most the rule's
-    window long (so the window holds the breach, not the calm before it); the baseline is as long, just
-    before."""
+    """(window, baseline). The window runs from the last evaluation that saw no breach to the firing, at
+    most the rule's window long (so it holds the breach, not the calm before it) and at least three
+    intervals (so the diagnosis has samples). The baseline is as long and ends where the window starts,
+    or where the breach began if that is earlier (a `for` longer than the window)."""
     now = transition.at
     cap = rule.window_s if rule.kind == "threshold" else min(w.short_s for w in rule.burn)
-    start = now - cap
-    if transition.active_at is not None:
-        start = max(start, transition.active_at - interval_s)
-    length = max(now - start, interval_s)
-    return (now - length, now), (now - 2 * length, now - length)
+    calm_until = now - cap if transition.active_at is None else transition.active_at - interval_s
+    start = min(max(calm_until, now - cap), now - 3 * interval_s)
+    length = now - start
+    end = min(start, calm_until)
+    return (start, now), (end - length, end)
 
 
 def run_diagnosis(
@@ -85,9 +86,17 @@ def run_diagnosis(
     if "error" in box:
         log.warning("diagnosis for an alert failed: %s", box["error"])
         return [], f"diagnosis failed ({box['error'][:300]})"
-    findings = list((box.get("json") or {}).get("findings") or [])
-    findings.sort(key=lambda f: -(f.get("confidence") or 0))
-    return findings, "" if findings else "the diagnosis found no cause it could stand behind"
+    result = box.get("json") or {}
+    findings = sorted(result.get("findings") or [], key=lambda f: -(f.get("confidence") or 0))
+    if findings:
+        return findings, ""
+    moved = ", ".join(
+        f"{r.get('metric')} {_v(r.get('baseline'))} -> {_v(r.get('current'))}"
+        for r in (result.get("regressions") or [])[:3]
+    )
+    return [], "the diagnosis found no cause it could stand behind" + (
+        f" (regressions: {moved})" if moved else ""
+    )
 
 
 def _diagnose_function() -> Any:
@@ -175,6 +184,8 @@ def annotate(
         b = breakdown(rule, source, window, baseline)
         ann["breakdown"] = breakdown_text(b)
         details["breakdown"] = b
+        if headline(b):
+            ann["summary"] += f"; {headline(b)}"
     except Exception as e:  # the store may be momentarily down; the alert still goes out
         ann["breakdown"] = f"breakdown unavailable ({type(e).__name__}: {e})"
     findings, note = run_diagnosis(

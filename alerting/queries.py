@@ -171,6 +171,21 @@ def breakdown_text(b: dict) -> str:
     return text
 
 
+def headline(b: dict) -> str:
+    """The part that grew most, in a few words: `queue time is 80% of TTFT (2.03 s, was 160 ms), arrivals
+    x1.80`; "" when the requests carry no phase timings."""
+    grown = [p for p in b["parts"] if p["current_s"] is not None and p["share"] is not None]
+    if not grown:
+        return ""
+    top = max(grown, key=lambda p: p["current_s"] - (p["baseline_s"] or 0.0))
+    w, base = b["window"], b["baseline"]
+    return (
+        f"{top['part'].replace('_', ' ')} time is {_pct(top['share'])} of {b['of'].upper()} "
+        f"({_s(top['current_s'])}, was {_s(top['baseline_s'])}), "
+        f"arrivals x{_ratio(w['arrivals_per_s'], base['arrivals_per_s'])}"
+    )
+
+
 def _s(v: float | None) -> str:
     if v is None:
         return "n/a"

@@ -4,13 +4,9 @@ including a dead one that is retried with backoff while evaluation goes on."""
 from __future__ import annotations
 
 import datetime as dt
-import json
-import socket
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from webhook_receiver import Receiver, dead_port, wait_for
 
 from alerting.evaluator import Transition
 from alerting.notify import ZERO_TIME, WebhookSender, alertmanager_payload
@@ -114,46 +110,6 @@ def test_payload_has_alertmanagers_webhook_shape():
     resolved = alertmanager_payload("resolved", alert["labels"], {}, T0, T0 + 60)
     assert resolved["alerts"][0]["endsAt"] == "2023-11-14T22:14:20.000Z"
     assert resolved["alerts"][0]["fingerprint"] == alert["fingerprint"]
-
-
-class Receiver:
-    """A webhook receiver on loopback that records what it gets."""
-
-    def __init__(self, port: int = 0) -> None:
-        self.got: list[dict] = []
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                outer.got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def wait_for(predicate, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-def dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_dead_receiver_is_retried_with_backoff_while_evaluation_goes_on(store):
