@@ -1,0 +1,1 @@
+"""The dashboard's pages: each file is run by Streamlit as a script (see dashboard/app.py)."""
