@@ -16,6 +16,8 @@ def clean(value: Any, digits: int = 6) -> Any:
     if isinstance(value, float):
         if not math.isfinite(value):
             return None
+        if abs(value) >= 1e6:  # unix times and byte counts keep their units digits
+            return round(value, 3)
         return float(f"{value:.{digits}g}")
     if isinstance(value, dict):
         return {k: clean(v, digits) for k, v in value.items()}

@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("engine.serve_cli", "serve a model with an OpenAI-compatible HTTP API"),
     "collector": ("collector.cli", "receive OTLP spans and metrics into ClickHouse"),
     "bench": ("loadgen.cli", "load-test an OpenAI-compatible server and find its capacity knee"),
+    "diagnose": ("diagnosis.cli", "why did TTFT/TPOT regress: ranked causes with evidence and levers"),
+    "query": ("diagnosis.query_cli", "named post-incident queries (slowest, compare, waterfall, ...)"),
     "alerts": ("alerting.cli", "SLO and P99 alert rules: check, list, history, run"),
     "dashboard": ("dashboard.cli", "Streamlit dashboard over the collector's query API"),
     "scenario": ("diagnosis.scenario_cli", "run a fault scenario: engine, collector, load, truth.json"),
