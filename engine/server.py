@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig
 from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess, RpcDelay
 from engine.faults import FaultSettings
 from engine.metrics import ServerMetrics
@@ -182,16 +182,17 @@ class OpenAIServer:
         max_tokens = self._max_tokens(gen, len(prompt_ids), chat)
         self._admit()
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        sampling = gen.sampling(max_tokens)
-        trace = self._start_trace(rid, arrival_ns, request, sampling, chat)
         engine_req = EngineRequest(
             rid,
             prompt_ids,
-            sampling,
+            gen.sampling(max_tokens),
             arrival_ns=arrival_ns,  # the core's clock is the same CLOCK_MONOTONIC
             cache_salt=gen.cache_salt,
-            trace_context=trace.traceparent if trace else request.headers.get("traceparent", ""),
+            trace_context=request.headers.get("traceparent", ""),
         )
+        trace = self._start_trace(rid, arrival_ns, request, gen, engine_req)
+        if trace is not None:  # the core's phase spans hang on our span, not the caller's
+            engine_req.trace_context = trace.traceparent
         tally = _Tally(len(prompt_ids), arrival_ns / 1e9, trace=trace)
         queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
         tally.rpc_delay = queue.rpc_delay
@@ -211,7 +212,7 @@ class OpenAIServer:
         return JSONResponse(completion_body(rid, created, model, text, tally.finish_reason, use))
 
     def _start_trace(
-        self, rid: str, arrival_ns: int, request: Request, sampling: SamplingParams, chat: bool
+        self, rid: str, arrival_ns: int, request: Request, gen: GenerateRequest, req: EngineRequest
     ) -> RequestTrace | None:
         """The request's `llm_request` span, started at its arrival (None with tracing off)."""
         if self.telemetry is None:
@@ -221,10 +222,13 @@ class OpenAIServer:
             arrival_ns,
             request.headers.get("traceparent"),
             model=self.settings.served_model_name,
-            operation="chat" if chat else "text_completion",
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            operation="chat" if gen.messages is not None else "text_completion",
+            max_tokens=req.sampling.max_tokens,
+            temperature=req.sampling.temperature,
+            top_p=req.sampling.top_p,
+            prompt_ids=req.prompt_token_ids,
+            block_size=int(self.info["block_size"]),
+            cache_salt=req.cache_salt,
         )
 
     async def _prompt_ids(self, gen: GenerateRequest) -> list[int]:

@@ -2,9 +2,11 @@
 config.to_dict()})` makes the core call `make_sink(options)` and hand it each step's drained events.
 
 The step loop only appends the step's event list to a bounded queue (no lock, no wake-up, no
-OpenTelemetry call); a background thread wakes every `poll_s`, turns the events into spans
-(`StepTracer`) and leaves them to the SDK's batch processor. A full queue drops the step's events
-and counts them; the count is reported in a log line and the `stepscope.telemetry.dropped` metric.
+OpenTelemetry call); a background thread wakes every `poll_s` (0.25 s), turns the events into spans
+(`StepTracer`) and leaves them to the SDK's batch processor. It wakes rarely on purpose: each wake
+takes the GIL from the step loop, and on an oversubscribed machine getting it back can cost a
+scheduler time slice. A full queue drops the step's events and counts them; the count is reported
+in a log line and the `stepscope.telemetry.dropped` metric.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class BackgroundSink:
     """Bounded hand-off from the step loop to a consumer thread. `sink(events)` never blocks."""
 
     def __init__(
-        self, consume: Callable[[list[Event]], None], capacity_events: int, poll_s: float = 0.02
+        self, consume: Callable[[list[Event]], None], capacity_events: int, poll_s: float = 0.25
     ) -> None:
         self.consume, self.capacity, self.poll_s = consume, capacity_events, poll_s
         self.queue: collections.deque[list[Event]] = collections.deque()
@@ -76,7 +78,7 @@ class CoreTelemetry:
     sampler. `__call__` is the event sink."""
 
     def __init__(self, config: TelemetryConfig, telemetry: Telemetry, gpu: GpuSampler | None) -> None:
-        self.telemetry, self.gpu = telemetry, gpu
+        self.telemetry, self.gpu, self.closed = telemetry, gpu, False
         self.tracer = StepTracer(telemetry, gpu=gpu.take_fresh if gpu else None)
         self.sink = BackgroundSink(self.tracer.consume, config.sink_capacity_events)
         telemetry.extra_dropped["events"] = lambda: self.sink.dropped
@@ -88,6 +90,10 @@ class CoreTelemetry:
         self.sink(events)
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Build what is queued, flush, stop (once; also registered with atexit)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.gpu is not None:
             self.gpu.stop()
         self.sink.close(timeout_s)

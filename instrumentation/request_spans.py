@@ -19,8 +19,10 @@ the end, a request that was not head-sampled is still kept when it was slow or f
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,8 +112,12 @@ class RequestTracer:
         max_tokens: int,
         temperature: float,
         top_p: float,
+        prompt_ids: list[int] | None = None,
+        block_size: int = 0,
+        cache_salt: str = "",
     ) -> RequestTrace:
-        """Open the request's span at its arrival; an incoming `traceparent` becomes its parent."""
+        """Open the request's span at its arrival; an incoming `traceparent` becomes its parent.
+        With `prompt_ids` and `block_size`, the span carries the prompt's prefix-cache key."""
         parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
         attrs = {
             A.GEN_AI_OPERATION_NAME: operation,
@@ -120,6 +126,7 @@ class RequestTracer:
             A.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
             A.GEN_AI_REQUEST_TEMPERATURE: float(temperature),
             A.GEN_AI_REQUEST_TOP_P: float(top_p),
+            A.PREFIX_KEY: prefix_key(prompt_ids or [], block_size, cache_salt),
         }
         span = self.tracer.start_span(
             A.SPAN_REQUEST,
@@ -226,6 +233,19 @@ class RequestTracer:
             A.METRIC_PREEMPTIONS, [gauge(lambda s: s.preemptions_total)], "{preemption}"
         )
         self.telemetry.extra_dropped["events"] = lambda: stats().events_dropped
+
+
+def prefix_key(prompt_ids: list[int], block_size: int, cache_salt: str = "") -> str:
+    """The hex hash the core gives the prompt's first full block ("" if none): the same function as
+    engine.block_manager.hash_block with no parent, restated so the front end never imports torch
+    (a test holds the two equal)."""
+    if block_size < 1 or len(prompt_ids) < block_size:
+        return ""
+    h = hashlib.blake2b(b"", digest_size=16)
+    h.update(array("q", prompt_ids[:block_size]).tobytes())
+    if cache_salt:
+        h.update(b"#salt:" + cache_salt.encode())
+    return h.hexdigest()
 
 
 def _hit_ratio(stats: object) -> float:

@@ -44,6 +44,7 @@ class Rig:
             rt = self.requests.start(
                 rid, arrival, traceparent, model="tiny", operation="text_completion",
                 max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                prompt_ids=prompt, block_size=core.config.block_size,
             )  # fmt: skip
             self.traces[rid], self.tokens[rid] = rt, []
             req = EngineRequest(rid, prompt, sampling, arrival_ns=arrival, trace_context=rt.traceparent)

@@ -72,6 +72,7 @@ def test_request_attributes_are_vllm_compatible_with_seconds_as_doubles(rig):
         assert [e.name for e in req.events] == [A.EVENT_FIRST_TOKEN]
     assert reqs[0].attributes[A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 0
     assert reqs[1].attributes[A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 48  # three full blocks of 16
+    assert reqs[0].attributes[A.PREFIX_KEY] == reqs[1].attributes[A.PREFIX_KEY] != ""
 
 
 def test_queue_plus_prefill_is_ttft_and_decode_ends_at_the_last_token(rig):

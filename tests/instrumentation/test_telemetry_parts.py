@@ -189,3 +189,13 @@ def _burn_cpu() -> None:
     x = 0
     for i in range(2_000_000):
         x += i * i
+
+
+def test_the_front_ends_prefix_key_is_the_cores_first_block_hash():
+    from engine.block_manager import hash_block
+    from instrumentation.request_spans import prefix_key
+
+    prompt = list(range(40))
+    assert prefix_key(prompt, 16) == hash_block(b"", prompt[:16]).hex()
+    assert prefix_key(prompt, 16, "tenant-a") == hash_block(b"", prompt[:16], "tenant-a").hex()
+    assert prefix_key(prompt[:15], 16) == ""
