@@ -144,8 +144,7 @@ def _list(args: argparse.Namespace) -> int:
     states: dict[str, tuple[str, Any, Any]] = {}
     try:
         if source.present:
-            sql = LATEST_STATES_SQL.replace("WHERE state != 'pending' ", "")
-            states = {r[0]: (r[1], r[2], r[3]) for r in source.query(sql).rows}
+            states = {r[0]: (r[1], r[2], r[3]) for r in source.query(LATEST_STATES_SQL).rows}
     except Exception as e:
         raise _usage(f"cannot read alert states: {e}") from None
     finally:

@@ -111,7 +111,9 @@ class AlertRunner:
             self.sender.start()
         self._thread = threading.Thread(target=self._loop, name="alert-eval", daemon=True)
         self._thread.start()
-        log.info("alerting: %d rule(s) every %ss", len(self.ruleset.rules), self.ruleset.notify.interval_s)
+        log.info(
+            "%d alert rule(s), evaluated every %gs", len(self.ruleset.rules), self.ruleset.notify.interval_s
+        )
         return self
 
     def stop(self) -> None:
@@ -229,8 +231,7 @@ class AlertRunner:
 
 
 LATEST_STATES_SQL = (
-    "SELECT rule, argMax(state, time), argMax(active_at, time), max(time) FROM alerts "
-    "WHERE state != 'pending' GROUP BY rule"
+    "SELECT rule, argMax(state, time), argMax(active_at, time), max(time) FROM alerts GROUP BY rule"
 )
 
 

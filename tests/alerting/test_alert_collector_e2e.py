@@ -132,6 +132,16 @@ def test_breach_fires_once_with_the_diagnosis_and_resolves_after_recovery(tmp_pa
         assert transitions[-2:] == [("pending", "firing"), ("firing", "resolved")]
         assert main(["alerts", "list", str(rules), "--api", url]) == 0
         assert capsys.readouterr().out.startswith("RESOLVED  ttft-p99: p99 ttft service=e2e-alerts > 2s")
+        assert main(["alerts", "test", str(rules), "--api", url]) == 0  # one evaluation, no notification
+        assert (
+            "ttft-p99: p99 ttft service=e2e-alerts > 2s over 4s for 2s [page]  => " in capsys.readouterr().out
+        )
+        history = tmp_path / "history.jsonl"
+        assert (
+            main(["alerts", "run", "--rules", str(rules), "--api", url, "--once", "--history", str(history)])
+            == 0
+        )
+        assert len(receiver.got) == 2  # the standalone evaluator starts inactive; nothing to say yet
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
