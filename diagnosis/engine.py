@@ -28,8 +28,21 @@ _SPLIT_LOG = (
     "step_mean",
     "work_gap_mean",
     "rpc_delay_mean",
+    "bytes_mean",
+    "kv_transfer_mean",
 )
-_SPLIT_LINEAR = ("requests", "cached_share", "input_mean", "batch_mean", "kv_usage", "chunked_share")
+_SPLIT_LINEAR = (
+    "requests",
+    "cached_share",
+    "input_mean",
+    "batch_mean",
+    "kv_usage",
+    "preemptions",
+    "chunked_share",
+    "max_num_seqs",
+    "kv_blocks_total_mean",
+    "weight_dtype_is_last",
+)
 
 
 def _interval(span: TimeRange, cfg: DiagnosisConfig) -> float:

@@ -126,6 +126,11 @@ def series(source: Source, span: TimeRange, interval_s: float) -> Series:
                 if 0 <= i < m:
                     col[i] = row[j] if name in STRING_SERIES else num(row[j])
             columns[name] = col
+    dtypes = columns.get("weight_dtype")
+    if dtypes is not None:
+        named = [d for d in dtypes if d]
+        last = named[-1] if named else ""
+        columns["weight_dtype_is_last"] = np.array([float(d == last) if d else np.nan for d in dtypes])
     return Series(span.start, iv_ms / 1000, columns)
 
 

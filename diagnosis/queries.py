@@ -66,6 +66,8 @@ SELECT {_BUCKET},
        avg(chunked_prefill) AS chunked_share,
        maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max,
        avg(bytes_read / greatest(batch_size, 1)) AS bytes_per_seq,
+       avg(bytes_read) AS bytes_mean,
+       avg(kv_blocks_total) AS kv_blocks_total_mean,
        avg(max_num_seqs) AS max_num_seqs,
        avg(num_waiting) AS waiting_mean,
        anyHeavy(weight_dtype) AS weight_dtype

@@ -42,7 +42,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         symptoms=symptoms,
         share=share,
         strength_=strength(speed, cfg.equal_batch_ratio) + (0.5 if dtype_changed else 0.0),
-        onset_series="bytes_per_seq",
+        onset_series="weight_dtype_is_last" if dtype_changed else "bytes_mean",
         evidence=[
             Evidence("weight_dtype", dtype_b, dtype_c),
             Evidence("step_time_ratio_at_equal_batch", 1.0, speed),

@@ -9,6 +9,7 @@ from tests.diagnosis.simulate import SimConfig
 
 T0 = 1_750_000_000.0
 SPACING_S = 1_000.0
+DURATION_S = 160.0  # the fault (if any) starts halfway
 
 # name -> (config without t0, the cause a diagnosis should rank first; None: no finding)
 SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
@@ -45,4 +46,7 @@ def placed(name: str) -> SimConfig:
     """The scenario's config with its own start time and service name."""
     index = list(SCENARIOS).index(name)
     cfg = SCENARIOS[name][0]
-    return dataclasses.replace(cfg, t0=T0 + index * SPACING_S, service="engine")
+    fault_at = None if cfg.fault_at_s is None else DURATION_S / 2
+    return dataclasses.replace(
+        cfg, t0=T0 + index * SPACING_S, service="engine", duration_s=DURATION_S, fault_at_s=fault_at
+    )
