@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.diagnosis.simulate import SimConfig
+from diag_simulate import SimConfig
 
 T0 = 1_750_000_000.0
 SPACING_S = 1_000.0

@@ -1,0 +1,89 @@
+"""The statistics, time parsing and SQL literal rendering, on hand-made inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from diagnosis import queries, stats
+from diagnosis.config import DiagnosisConfig
+from diagnosis.timerange import TimeRange, parse_time
+
+
+def test_mann_whitney_matches_the_textbook_example() -> None:
+    # U for x over y = 1 + 2 + ... computed by hand: x = [3, 4, 5], y = [1, 2] -> U = 6 (all pairs), z > 0
+    assert stats.mann_whitney_greater([3, 4, 5], [1, 2]) < 0.1
+    assert stats.mann_whitney_greater([1, 2], [3, 4, 5]) > 0.9
+
+
+def test_mann_whitney_is_uniform_ish_on_identical_distributions() -> None:
+    rng = np.random.default_rng(0)
+    ps = [stats.mann_whitney_greater(rng.lognormal(size=200), rng.lognormal(size=200)) for _ in range(200)]
+    assert 0.35 < float(np.mean(ps)) < 0.65
+    assert sum(p < 0.01 for p in ps) <= 6
+
+
+def test_mann_whitney_sees_a_shift_and_handles_ties() -> None:
+    rng = np.random.default_rng(1)
+    assert stats.mann_whitney_greater(rng.normal(0.3, 1, 500), rng.normal(0, 1, 500)) < 1e-4
+    assert stats.mann_whitney_greater([1, 1, 1, 1], [1, 1, 1, 1]) == 1.0
+    assert stats.mann_whitney_greater([], [1.0]) == 1.0
+
+
+def test_exceedance_test_sees_a_fatter_tail_the_median_hides() -> None:
+    rng = np.random.default_rng(2)
+    base = rng.lognormal(0, 0.3, 2000)
+    tail = base.copy()
+    tail[:100] *= 4  # 5% of requests four times slower: median unchanged, P99 up
+    assert abs(np.median(tail) / np.median(base) - 1) < 0.05
+    assert stats.exceedance_greater(tail, base, 0.99) < 1e-6
+    assert stats.exceedance_greater(rng.lognormal(0, 0.3, 2000), base, 0.99) > 0.001
+
+
+def test_change_point_finds_a_step_among_drifting_series() -> None:
+    rng = np.random.default_rng(3)
+    drift = np.cumsum(rng.normal(0, 0.1, 120))
+    noise = rng.normal(0, 1, 120)
+    step = np.r_[np.zeros(70), np.ones(50)] + rng.normal(0, 0.1, 120)
+    assert abs(stats.change_point([drift, noise, step], 20) - 70) <= 2
+    assert stats.change_point([np.ones(120)], 20) is None
+    assert stats.change_point([np.ones(10)], 20) is None
+
+
+def test_render_writes_typed_literals_and_refuses_the_rest() -> None:
+    sql = "SELECT {a:Int64}, {b:Float64}, {s:String}"
+    assert queries.render(sql, {"a": 5, "b": 0.5, "s": "it's\\"}) == "SELECT 5, 0.5, 'it\\'s\\\\'"
+    for bad in (
+        {"a": "5 OR 1", "b": 1.0, "s": ""},
+        {"a": 1, "b": math.nan, "s": ""},
+        {"a": 1, "b": 1.0, "s": 3},
+    ):
+        with pytest.raises(ValueError):
+            queries.render(sql, bad)
+    with pytest.raises(ValueError, match="no value"):
+        queries.render(sql, {"a": 1})
+    with pytest.raises(ValueError, match="type"):
+        queries.render("{d:DateTime}", {"d": 1})
+
+
+def test_times_parse_as_iso_unix_or_ago() -> None:
+    assert parse_time("1700000000") == 1_700_000_000.0
+    assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000.0
+    assert parse_time("2023-11-14T22:13:20") == 1_700_000_000.0  # no zone: UTC
+    assert parse_time("15m", now=1000.0) == 100.0
+    assert parse_time("2h", now=10_000.0) == 2800.0
+    assert parse_time("90s", now=100.0) == 10.0
+    for bad in ("yesterday", "", "15 parsecs", "-5m"):
+        with pytest.raises(ValueError):
+            parse_time(bad)
+    with pytest.raises(ValueError):
+        TimeRange(10, 5)
+
+
+def test_config_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        DiagnosisConfig(alpha=2)
+    with pytest.raises(ValueError):
+        DiagnosisConfig(min_ratio_p99=0.9)
