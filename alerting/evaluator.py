@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from alerting.rules import Rule
 
 INACTIVE, PENDING, FIRING, RESOLVED = "inactive", "pending", "firing", "resolved"
+EPSILON_S = 1e-3  # float rounding of unix seconds: 20 s held is 20 s even if it computes as 19.9999999
 BREACH, BAND, CLEAR, NO_DATA = "breach", "band", "clear", "no_data"
 
 
@@ -95,7 +96,7 @@ def step(rule: Rule, state: AlertState, obs: Observation, now: float) -> tuple[A
     elif old == PENDING:
         if verdict != BREACH:
             s = replace(s, state=INACTIVE, active_at=None)
-        elif state.active_at is not None and now - state.active_at >= rule.for_s:
+        elif state.active_at is not None and now - state.active_at >= rule.for_s - EPSILON_S:
             s = replace(s, state=FIRING, fired_at=now)
     elif old == FIRING:
         if verdict != CLEAR:
@@ -103,7 +104,7 @@ def step(rule: Rule, state: AlertState, obs: Observation, now: float) -> tuple[A
         else:
             since = state.clear_since if state.clear_since is not None else now
             s = replace(s, clear_since=since)
-            if now - since >= rule.for_s:
+            if now - since >= rule.for_s - EPSILON_S:
                 s = replace(s, state=RESOLVED)
     if s.state == old or (old == RESOLVED and s.state == INACTIVE):
         return s, None

@@ -126,14 +126,17 @@ class AlertRunner:
             self.sender.stop()
 
     def _loop(self) -> None:
+        # Rounds are stamped with their scheduled times, exactly `interval` apart, so that `for` is
+        # reached at the round it should be, not one later because a round woke a millisecond early.
         interval = self.ruleset.notify.interval_s
-        next_at = time.monotonic()
+        mono0, wall0 = time.monotonic(), time.time()
+        k = 0
         while not self._stop.is_set():
-            self.evaluate()
-            next_at += interval
-            delay = next_at - time.monotonic()
+            self.evaluate(wall0 + k * interval)
+            k += 1
+            delay = mono0 + k * interval - time.monotonic()
             if delay < 0:  # a round ran longer than the interval: skip ahead, never burst
-                next_at, delay = time.monotonic(), 0.0
+                mono0, wall0, k, delay = time.monotonic(), time.time(), 0, 0.0
             if self._stop.wait(delay):
                 return
 
