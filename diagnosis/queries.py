@@ -228,8 +228,7 @@ LIMIT 2000
 """
 
 CACHE_HIT_RATE = f"""
-SELECT toUnixTimestamp64Milli(toStartOfInterval(time, toIntervalSecond({{interval_s:UInt32}}))) / 1e3
-           AS bucket_s,
+SELECT toUnixTimestamp(toStartOfInterval(time, toIntervalSecond({{interval_s:UInt32}}))) AS bucket_s,
        count() AS requests,
        round(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 3) AS cached_share,
        uniqExact(prefix_key) AS prefix_keys,
