@@ -11,7 +11,7 @@ import altair as alt
 import pandas as pd
 
 TIME_TITLE = "time (UTC)"
-_HEIGHT = 260
+_HEIGHT = 360  # Streamlit fits the whole chart (title, axes, legend) into this many pixels
 RULE_HEADROOM = 3.0  # a rule further than this above the data would flatten it: named in the title instead
 KIND_COLORS = {
     "client": "#9e9e9e",
@@ -24,6 +24,7 @@ KIND_COLORS = {
     "step (decode)": "#98df8a",
     "other": "#17becf",
 }
+_PALETTE = alt.Scale(scheme="tableau10")  # distinct hues: Streamlit's default shades of blue blur together
 
 
 def _long(df: pd.DataFrame, x: str, ys: Mapping[str, str]) -> pd.DataFrame:
@@ -42,14 +43,25 @@ def lines(
     x_title: str = TIME_TITLE,
     rules: Mapping[str, float] | None = None,
     points: bool = False,
+    integer_x: bool = False,
 ) -> alt.LayerChart:
     """One line per column of `ys` (column -> legend label), optional horizontal rules (label -> y)."""
     data = _long(df, x, ys)
     x_type = "T" if pd.api.types.is_datetime64_any_dtype(df[x]) else "Q"
     base = alt.Chart(data).encode(
-        x=alt.X(f"{x}:{x_type}", title=x_title),
+        x=alt.X(
+            f"{x}:{x_type}",
+            title=x_title,
+            axis=alt.Axis(format="d", tickMinStep=1) if integer_x else alt.Axis(),
+        ),
         y=alt.Y("value:Q", title=y_title),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
+        color=alt.Color(
+            "series:N",
+            title=None,
+            legend=alt.Legend(orient="bottom") if data["series"].nunique() > 1 else None,
+            sort=list(ys.values()),
+            scale=_PALETTE,
+        ),
         tooltip=[
             alt.Tooltip(f"{x}:{x_type}", title=x_title),
             "series:N",
@@ -83,21 +95,30 @@ def scatter(
     color: str | None = None,
     size: str | None = None,
     line: bool = False,
+    log_y: bool = False,
+    integer_x: bool = False,
 ) -> alt.Chart | alt.LayerChart:
-    """Points of `y` against `x` (optionally coloured, sized, and joined in x order)."""
+    """Points of `y` against `x` (optionally coloured, sized, joined in x order, y on a log scale)."""
+    x_axis = alt.Axis(format="d", tickMinStep=1) if integer_x else alt.Axis()
     enc: dict[str, object] = {
-        "x": alt.X(f"{x}:Q", title=x_title),
-        "y": alt.Y(f"{y}:Q", title=y_title),
+        "x": alt.X(f"{x}:Q", title=x_title, axis=x_axis),
+        "y": alt.Y(
+            f"{y}:Q",
+            title=y_title,
+            scale=alt.Scale(type="log") if log_y else alt.Scale(zero=True),
+            axis=alt.Axis(tickCount=5) if log_y else alt.Axis(),
+        ),
         "tooltip": [c for c in (x, y, color, size) if c],
     }
     if color:
-        enc["color"] = alt.Color(f"{color}:N", title=None, legend=alt.Legend(orient="bottom"))
-    if size:
-        enc["size"] = alt.Size(f"{size}:Q", title=size, legend=None)
+        enc["color"] = alt.Color(f"{color}:N", title=None, legend=alt.Legend(orient="bottom"), scale=_PALETTE)
     base = alt.Chart(df).encode(**enc)
-    chart = base.mark_circle(opacity=0.7)
+    point_enc = {"size": alt.Size(f"{size}:Q", title=size, legend=None, scale=alt.Scale(range=[40, 400]))}
+    chart = (
+        base.mark_circle(opacity=0.8).encode(**point_enc) if size else base.mark_circle(opacity=0.8, size=60)
+    )
     if line:
-        chart = alt.layer(base.mark_line(opacity=0.5), chart)
+        chart = alt.layer(base.mark_line(opacity=0.6), chart)
     return chart.properties(title=title, height=_HEIGHT)
 
 
@@ -108,7 +129,7 @@ def bars_over_time(df: pd.DataFrame, x: str, y: str, y_title: str, *, title: str
         .mark_bar()
         .encode(
             x=alt.X(f"{x}:T", title=TIME_TITLE),
-            y=alt.Y(f"{y}:Q", title=y_title),
+            y=alt.Y(f"{y}:Q", title=y_title, axis=alt.Axis(format="d", tickMinStep=1)),
             tooltip=[alt.Tooltip(f"{x}:T", title=TIME_TITLE), alt.Tooltip(f"{y}:Q", format=",.3g")],
         )
         .properties(title=title, height=_HEIGHT)
@@ -125,7 +146,7 @@ def window_shading(
         .encode(
             x=alt.X("start:T", title=TIME_TITLE),
             x2="end:T",
-            color=alt.Color("span:N", title=None, scale=alt.Scale(range=["#1f77b4", "#ff7f0e"])),
+            color=alt.Color("span:N", title=None, scale=alt.Scale(range=["#7f7f7f", "#ff7f0e"])),
         )
     )
     data = _long(df, x, ys)
@@ -135,11 +156,11 @@ def window_shading(
         .encode(
             x=alt.X(f"{x}:T", title=TIME_TITLE),
             y=alt.Y("value:Q", title=y_title),
-            strokeDash=alt.StrokeDash("series:N", title=None),
+            color=alt.Color("series:N", title=None, scale=alt.Scale(range=["#1f4e79", "#9467bd"])),
             tooltip=["series:N", alt.Tooltip("value:Q", format=",.3g")],
         )
     )
-    return alt.layer(band, line).properties(title=title, height=_HEIGHT)
+    return alt.layer(band, line).resolve_scale(color="independent").properties(title=title, height=_HEIGHT)
 
 
 def waterfall(spans: pd.DataFrame, *, title: str = "") -> alt.Chart:
@@ -170,17 +191,17 @@ def waterfall(spans: pd.DataFrame, *, title: str = "") -> alt.Chart:
 
 def evidence(rows: pd.DataFrame, *, title: str = "") -> alt.FacetChart:
     """Baseline against current, one small panel per evidence metric (columns metric, side, value),
-    each with its own y scale: the metrics have different units."""
+    each with its own y scale: the metrics have different units (named in the metric, `_s`, `_share`)."""
     return (
         alt.Chart(rows)
         .mark_bar()
         .encode(
-            x=alt.X("side:N", title=None, sort=["baseline", "current"]),
-            y=alt.Y("value:Q", title="value (the metric's unit)"),
-            color=alt.Color("side:N", title=None, scale=alt.Scale(range=["#1f77b4", "#ff7f0e"])),
+            x=alt.X("side:N", title=None, sort=["baseline", "current"], axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("value:Q", title=None),
+            color=alt.Color("side:N", legend=None, scale=alt.Scale(range=["#7f7f7f", "#ff7f0e"])),
             tooltip=["metric:N", "side:N", alt.Tooltip("value:Q", format=",.4g")],
         )
-        .properties(width=140, height=160)
-        .facet(column=alt.Column("metric:N", title=title or None))
+        .properties(width=120, height=150)
+        .facet(facet=alt.Facet("metric:N", title=title or None), columns=4)
         .resolve_scale(y="independent")
     )

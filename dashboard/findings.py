@@ -32,8 +32,9 @@ def _as_json(result: Any) -> dict[str, Any]:
 
 
 @st.cache_data(ttl=DIAGNOSIS_TTL_S, show_spinner="Diagnosing...")
-def diagnose(api: Api, window: tuple[float, float], baseline: tuple[float, float]) -> dict[str, Any]:
-    """`diagnosis.diagnose(open_source(api=...), window, baseline)` as the findings JSON dict."""
+def diagnose(api: Api, window: tuple[float, float], baseline: tuple[float, float] | None) -> dict[str, Any]:
+    """`diagnosis.diagnose(open_source(api=...), window, baseline)` as the findings JSON dict; without a
+    baseline the diagnosis splits the window at a change point it finds."""
     try:
         import diagnosis
         from diagnosis.timerange import TimeRange
@@ -48,7 +49,7 @@ def diagnose(api: Api, window: tuple[float, float], baseline: tuple[float, float
     except Exception as e:  # the facade's own errors: shown, never raised into the page
         raise DiagnosisUnavailable(f"cannot open the collector as a diagnosis source: {e}") from None
     try:
-        return _as_json(run(source, TimeRange(*window), TimeRange(*baseline)))
+        return _as_json(run(source, TimeRange(*window), TimeRange(*baseline) if baseline else None))
     except DiagnosisUnavailable:
         raise
     except Exception as e:  # a failing rule must not take the page down

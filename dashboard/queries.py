@@ -125,8 +125,13 @@ WHERE end_time >= fromUnixTimestamp64Nano(toInt64({{since:Float64}} * 1e9))
 GROUP BY bucket HAVING completed > 0 ORDER BY bucket
 """
 
-# Overview: the alerting issue's table (absent until alert rules are configured)
-ALERTS = "SELECT * FROM alerts ORDER BY 1 DESC LIMIT 1000"
+# Overview: each alert rule's latest state, from the alerting issue's table (absent until the collector
+# runs with --alert-rules)
+ALERTS = """
+SELECT rule, argMax(state, time) AS state, argMax(severity, time) AS severity,
+       argMax(summary, time) AS summary, max(time) AS since
+FROM alerts GROUP BY rule ORDER BY rule
+"""
 
 # Findings page: does a baseline hold any requests
 COUNT_IN_RANGE = f"SELECT count() AS requests FROM requests WHERE {_RANGE}"

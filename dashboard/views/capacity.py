@@ -109,6 +109,7 @@ def results(res: bench.BenchResults) -> None:
             x_title=res.load_unit,
             title="Step load: throughput and goodput",
             points=True,
+            integer_x=res.load_kind == "concurrency",
         ),
         width="stretch",
     )
@@ -125,17 +126,11 @@ def results(res: bench.BenchResults) -> None:
             x_title=res.load_unit,
             title="Step load: latency",
             points=True,
+            integer_x=res.load_kind == "concurrency",
             rules=lat_rules,
         ),
         width="stretch",
     )
-    if rules:
-        st.caption(
-            "Knee at "
-            + (f"{knee['load']:g}" if knee.get("found") else "none")
-            + ("" if rec is None else f"; recommended load {rec:g}")
-            + f" ({res.load_unit})."
-        )
     st.dataframe(df, hide_index=True, width="stretch")
 
 

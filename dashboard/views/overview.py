@@ -43,14 +43,14 @@ def alerts_tile(ctx: ui.Context, col: st.delta_generator.DeltaGenerator) -> None
     except data.DataError as e:
         col.metric("Firing alerts", "?", help=str(e))
         return
-    state = next((c for c in ("status", "state") if c in df.columns), None)
-    name = next((c for c in ("alertname", "name", "rule") if c in df.columns), None)
-    if state is None:
-        col.metric("Firing alerts", f"{len(df)} rows", help="the alerts table has no status column")
+    firing = df[df["state"] == "firing"] if not df.empty else df
+    if df.empty:
+        col.metric("Firing alerts", "none", help="alert rules configured, none has fired yet")
         return
-    latest = df.drop_duplicates(subset=[name]) if name else df  # newest first: the latest state per rule
-    firing = int((latest[state].astype(str).str.lower() == "firing").sum())
-    col.metric("Firing alerts", str(firing))
+    names = ", ".join(f"{r.rule} ({r.severity})" for r in firing.itertuples())
+    col.metric("Firing alerts", str(len(firing)), help=names or f"{len(df)} rule(s), none firing")
+    if names:
+        col.caption(names)
 
 
 def tiles(ctx: ui.Context) -> None:
@@ -131,7 +131,9 @@ def throughput_charts(ctx: ui.Context) -> None:
     if df is None or df.empty:
         return
     left, right = st.columns(2)
-    series = {"requests_per_s": "started", "goodput_per_s": "meeting the SLO", "errors_per_s": "errors"}
+    series = {"requests_per_s": "started", "goodput_per_s": "meeting the SLO"}
+    if df["errors_per_s"].fillna(0).sum() > 0:
+        series["errors_per_s"] = "errors"
     left.altair_chart(
         charts.lines(df, "bucket", series, "requests/s", title="Throughput and goodput"),
         width="stretch",
