@@ -1,0 +1,258 @@
+"""What tracing costs: the same workload through `stepscope serve` with tracing off and on.
+
+    python benchmarks/tracing_overhead.py [--model small] [--rounds 3] [--requests 48]
+
+Two servers run side by side, one without telemetry and one with `--otlp-endpoint` exporting
+over OTLP/HTTP (protobuf) to a live receiver in this process (it decodes each export to count the
+spans, as a collector would). Runs alternate off/on in ABBA order after one warm-up run each, so
+drift on a shared machine falls on both sides. Each run sends the same seeded requests (prompt
+token ids, greedy, EOS ignored) with a fixed concurrency; throughput is output tokens over wall time.
+Both servers use `--num-threads 1` by default: on a shared 2-core machine, torch's two intra-op
+threads stall each other whenever another process takes a core, which swamps what is measured.
+Besides wall-clock throughput it reports CPU seconds per output token of both server processes
+(front end + core, from /proc), which other load disturbs far less: `cpu_overhead_pct`.
+A third figure does not depend on other load at all: the same workload runs once in this process
+with events recorded, and the span building plus OTLP protobuf encoding of everything the core
+would export is timed on its own (thread CPU time), per output token, against the untraced server's
+CPU per token: `est_overhead_pct` (the front end's per-request span is left out: ~0.2 ms a request).
+The last line printed is one JSON object: off_tok_s, on_tok_s (medians), overhead_pct, the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
+
+
+class Receiver:
+    """OTLP/HTTP receiver that decodes trace exports and counts spans by name."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.counts: dict[str, int] = {}
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/v1/traces":
+                    req = ExportTraceServiceRequest()
+                    req.ParseFromString(body)
+                    for rs in req.resource_spans:
+                        for ss in rs.scope_spans:
+                            for s in ss.spans:
+                                receiver.counts[s.name] = receiver.counts.get(s.name, 0) + 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def start_server(model: str, log: Path, options: list[str]) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [STEPSCOPE, "serve", "--model", model, "--port", str(port), *options]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    sys.exit("server did not come up")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a server: its front end and its core process (a child)."""
+    pids = [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    ticks = 0
+    for p in pids:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tracing_cpu_ms_per_token(model: str, bodies: list[dict], concurrency: int, steps_every: int) -> float:
+    """CPU of building and encoding the core's spans for this workload, per output token."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from engine.config import EngineConfig, SamplingParams
+    from engine.core import EngineCore
+    from engine.request import EngineRequest
+    from instrumentation.config import TelemetryConfig
+    from instrumentation.providers import Telemetry
+    from instrumentation.step_spans import StepTracer
+
+    class Encoding(SpanExporter):  # what the OTLP/HTTP exporter does before it sends
+        def export(self, spans):
+            encode_spans(spans).SerializePartialToString()
+            return SpanExportResult.SUCCESS
+
+    core = EngineCore(EngineConfig(model=model, num_threads=1), record_events=True)
+    pending, events, produced, n = list(bodies), [], 0, 0
+    while pending or core.has_unfinished_requests():
+        while pending and core.num_running + core.num_waiting < concurrency:
+            b, n = pending.pop(0), n + 1
+            sampling = SamplingParams(max_tokens=b["max_tokens"], temperature=0, ignore_eos=True)
+            core.add_request(
+                EngineRequest(f"r{n}", b["prompt"], sampling, trace_context=f"00-{n:032x}-{n:016x}-01")
+            )
+        produced += sum(len(o.new_token_ids) for o in core.step())
+        events.append(core.drain_events())
+    config = TelemetryConfig(model=model, steps_every=steps_every)
+    tracer = StepTracer(Telemetry(config, Encoding(), process="core", batch=False))
+    start = time.thread_time()
+    for step_events in events:
+        tracer.consume(step_events)
+    return (time.thread_time() - start) / produced * 1e3
+
+
+def workload(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {
+            "prompt": [rng.randrange(256) for _ in range(rng.randint(32, 256))],
+            "max_tokens": rng.randint(32, 96),
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for _ in range(n)
+    ]
+
+
+async def run_load(url: str, bodies: list[dict], concurrency: int) -> float:
+    """Output tokens per second for `bodies`, `concurrency` requests in flight."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    produced = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal produced
+        while not queue.empty():
+            body = queue.get_nowait()
+            r = await client.post(url + "/v1/completions", json=body)
+            r.raise_for_status()
+            produced += r.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    assert produced == sum(b["max_tokens"] for b in bodies)
+    return produced / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="small")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="ABBA rounds after the warm-up (default: %(default)s)"
+    )
+    p.add_argument("--requests", type=int, default=48, help="requests per run (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: %(default)s)")
+    p.add_argument("--trace-steps-every", default="1", help="the traced server's step sampling")
+    p.add_argument("--threads", default="1", help="torch threads of each server (default: %(default)s)")
+    p.add_argument("--logs", default="/tmp/stepscope-tracing-overhead", help="server logs go here")
+    args = p.parse_args()
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    receiver = Receiver()
+    common = ["--num-threads", args.threads]
+    servers = {
+        "off": start_server(args.model, logs / "off.log", common),
+        "on": start_server(
+            args.model,
+            logs / "on.log",
+            [*common, "--otlp-endpoint", receiver.url, "--trace-steps-every", args.trace_steps_every],
+        ),
+    }
+    bodies = workload(args.requests, seed=0)
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    cpu_per_tok: dict[str, list[float]] = {"off": [], "on": []}
+    tokens_per_run = sum(b["max_tokens"] for b in bodies)
+    try:
+        for mode in ("off", "on"):  # warm-up: first-call costs (allocations, imports) left out
+            asyncio.run(run_load(servers[mode][1], bodies[: args.concurrency], args.concurrency))
+        for r in range(args.rounds):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                cpu0 = cpu_seconds(servers[mode][0].pid)
+                tok_s = asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
+                cpu_ms = (cpu_seconds(servers[mode][0].pid) - cpu0) / tokens_per_run * 1e3
+                runs[mode].append(tok_s)
+                cpu_per_tok[mode].append(cpu_ms)
+                print(
+                    f"round {r} {mode:>3}: {tok_s:8.1f} tok/s {cpu_ms:6.2f} CPU ms/tok",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        time.sleep(2)  # let the batch processor deliver the last spans
+    finally:
+        for proc, _ in servers.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+    tracing_ms = tracing_cpu_ms_per_token(args.model, bodies, args.concurrency, int(args.trace_steps_every))
+    off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
+    cpu_off, cpu_on = statistics.median(cpu_per_tok["off"]), statistics.median(cpu_per_tok["on"])
+    result = {
+        "model": args.model,
+        "requests_per_run": args.requests,
+        "concurrency": args.concurrency,
+        "trace_steps_every": int(args.trace_steps_every),
+        "off_tok_s": round(off, 1),
+        "on_tok_s": round(on, 1),
+        "overhead_pct": round((off - on) / off * 100, 2),
+        "off_cpu_ms_per_tok": round(cpu_off, 3),
+        "on_cpu_ms_per_tok": round(cpu_on, 3),
+        "cpu_overhead_pct": round((cpu_on - cpu_off) / cpu_off * 100, 2),
+        "tracing_cpu_ms_per_tok": round(tracing_ms, 4),
+        "est_overhead_pct": round(tracing_ms / cpu_off * 100, 2),
+        "threads": int(args.threads),
+        "runs_off_tok_s": [round(x, 1) for x in runs["off"]],
+        "runs_on_tok_s": [round(x, 1) for x in runs["on"]],
+        "spans_received": dict(sorted(receiver.counts.items())),
+    }
+    print(
+        f"tracing overhead: {result['overhead_pct']}% throughput ({on:.1f} vs {off:.1f} tok/s), "
+        f"{result['cpu_overhead_pct']}% CPU per token, {result['est_overhead_pct']}% estimated from the "
+        f"span building and encoding cost ({args.model})"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
