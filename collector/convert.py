@@ -1,47 +1,25 @@
-"""Export requests -> column batches for the exporter-compatible tables, with the exporter's value encodings.
+"""Export requests -> row batches for the exporter-compatible tables, with the exporter's value encodings.
 
 Encodings follow the OpenTelemetry Collector ClickHouse exporter: ids as lowercase hex ("" when empty),
 `SpanKind` as `SPAN_KIND_SERVER` and friends, `StatusCode` as `STATUS_CODE_OK`..., `Duration` in ns,
-attribute values as pdata's `Value.AsString()` (ints in decimal, doubles in shortest form, bools as
-`true`/`false`, bytes as base64, arrays and maps as JSON).
+attribute values as pdata's `Value.AsString()` (collector/values.py).
 
-Rows are built column by column (one Python list per column, no dict per span): the ingest path's cost is
-this loop, so it touches each protobuf field once.
+Traces, the bulk of what stepscope sends, become an Arrow table (collector/traces.py: the hot loop);
+metrics and logs become Python lists per column (one list per column, no dict per row).
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import math
 from dataclasses import dataclass, field
-from decimal import Decimal
+from itertools import chain
 from typing import Any
 
-TRACE_COLUMNS = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events.Timestamp",
-    "Events.Name",
-    "Events.Attributes",
-    "Links.TraceId",
-    "Links.SpanId",
-    "Links.TraceState",
-    "Links.Attributes",
-)
+import pyarrow as pa
+
+from collector.traces import SPAN_KINDS, STATUS_CODES, TRACE_COLUMNS, spans_table
+from collector.values import ZERO_SPAN, ZERO_TRACE, attrs, float_str, hex_id, value_str
+
+__all__ = ["SPAN_KINDS", "STATUS_CODES", "TRACE_COLUMNS", "attrs", "float_str", "value_str"]
 
 _METRIC_COMMON = (
     "ResourceAttributes",
@@ -131,111 +109,26 @@ LOG_COLUMNS = (
     "LogAttributes",
 )
 
-SPAN_KINDS = (
-    "SPAN_KIND_UNSPECIFIED",
-    "SPAN_KIND_INTERNAL",
-    "SPAN_KIND_SERVER",
-    "SPAN_KIND_CLIENT",
-    "SPAN_KIND_PRODUCER",
-    "SPAN_KIND_CONSUMER",
-)
-STATUS_CODES = ("STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR")
-_ZERO_TRACE = bytes(16)
-_ZERO_SPAN = bytes(8)
-
 
 @dataclass(slots=True)
 class Batch:
-    """Rows for one or more tables, column-oriented, plus what was rejected and why."""
+    """Rows for one or more tables, plus what was rejected and why. A table's rows are an Arrow table
+    (traces) or a list of columns (metrics, logs); `Store.insert` takes either."""
 
-    tables: dict[str, list[list[Any]]] = field(default_factory=dict)
+    tables: dict[str, pa.Table | list[list[Any]]] = field(default_factory=dict)
     columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
 
     def rows(self, table: str) -> int:
         data = self.tables.get(table)
+        if isinstance(data, pa.Table):
+            return data.num_rows
         return len(data[0]) if data else 0
 
     @property
     def error_message(self) -> str:
         return "; ".join(self.errors[:5])
-
-
-# --- attribute values ---------------------------------------------------------------------------------
-
-
-def value_str(v: Any) -> str:
-    """An AnyValue as the exporter stores it (pdata `Value.AsString()`)."""
-    kind = v.WhichOneof("value")
-    if kind == "string_value":
-        return v.string_value
-    if kind == "int_value":
-        return str(v.int_value)
-    if kind == "bool_value":
-        return "true" if v.bool_value else "false"
-    if kind == "double_value":
-        return float_str(v.double_value)
-    if kind == "bytes_value":
-        return base64.b64encode(v.bytes_value).decode()
-    if kind is None:
-        return ""
-    return json.dumps(_raw(v), separators=(",", ":"), ensure_ascii=False)
-
-
-def float_str(f: float) -> str:
-    """A double as Go's ES6-style formatting: 1 -> "1", 0.5 -> "0.5", 1e-07 -> "1e-7", 1e21 -> "1e+21"."""
-    if math.isnan(f) or math.isinf(f):
-        return "NaN" if math.isnan(f) else ("+Inf" if f > 0 else "-Inf")
-    if f == int(f) and abs(f) < 1e21:
-        return str(int(f))
-    a = abs(f)
-    if 1e-6 <= a < 1e21:
-        text = repr(f)
-        return text if "e" not in text else format(Decimal(text), "f")
-    mantissa, _, exp = repr(f).partition("e")
-    return f"{mantissa}e{exp[0]}{exp[1:].lstrip('0')}" if exp[0] in "+-" else f"{mantissa}e+{exp}"
-
-
-def _raw(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_raw(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _raw(kv.value) for kv in v.kvlist_value.values}
-    if kind == "bytes_value":
-        return base64.b64encode(v.bytes_value).decode()
-    if kind == "double_value":
-        f = v.double_value
-        return f if math.isfinite(f) else float_str(f)
-    return None if kind is None else getattr(v, kind)
-
-
-def attrs(kvs: Any) -> dict[str, str]:
-    """Repeated KeyValue -> {key: AsString(value)}; strings, ints and doubles stay inline for speed."""
-    out = {}
-    for kv in kvs:
-        v = kv.value
-        kind = v.WhichOneof("value")
-        if kind == "string_value":
-            out[kv.key] = v.string_value
-        elif kind == "int_value":
-            out[kv.key] = str(v.int_value)
-        elif kind == "double_value":
-            text = repr(v.double_value)
-            if text[-2:] == ".0":
-                out[kv.key] = text[:-2] if len(text) < 18 else float_str(v.double_value)
-            elif "e" in text or "n" in text:  # exponents, nan, inf: Go's spelling differs from Python's
-                out[kv.key] = float_str(v.double_value)
-            else:
-                out[kv.key] = text
-        else:
-            out[kv.key] = value_str(v)
-    return out
-
-
-def _hex_id(b: bytes, zero: bytes) -> str:
-    return "" if not b or b == zero else b.hex()
 
 
 # --- traces --------------------------------------------------------------------------------------------
@@ -244,63 +137,8 @@ def _hex_id(b: bytes, zero: bytes) -> str:
 def traces(request: Any) -> Batch:
     """ExportTraceServiceRequest -> rows for otel_traces. Spans without a valid trace or span id are
     rejected (counted, with a reason), the rest are kept."""
-    cols: list[list[Any]] = [[] for _ in TRACE_COLUMNS]
-    (ts, tid, sid, psid, tstate, name, kind, svc, rattr, scname, scver, sattr, dur, scode, smsg) = cols[:15]
-    ev_ts, ev_name, ev_attr, ln_tid, ln_sid, ln_state, ln_attr = cols[15:]
-    batch = Batch(tables={"otel_traces": cols}, columns={"otel_traces": TRACE_COLUMNS})
-    bad = 0
-    for rs in request.resource_spans:
-        res_attrs = attrs(rs.resource.attributes)
-        service = res_attrs.get("service.name", "")
-        for ss in rs.scope_spans:
-            scope_name, scope_version = ss.scope.name, ss.scope.version
-            for span in ss.spans:
-                trace_id, span_id = span.trace_id, span.span_id
-                if (
-                    len(trace_id) != 16
-                    or len(span_id) != 8
-                    or trace_id == _ZERO_TRACE
-                    or span_id == _ZERO_SPAN
-                ):
-                    bad += 1
-                    continue
-                start, end = span.start_time_unix_nano, span.end_time_unix_nano
-                ts.append(start)
-                tid.append(trace_id.hex())
-                sid.append(span_id.hex())
-                psid.append(_hex_id(span.parent_span_id, _ZERO_SPAN))
-                tstate.append(span.trace_state)
-                name.append(span.name)
-                kind.append(SPAN_KINDS[span.kind] if 0 <= span.kind < 6 else "")
-                svc.append(service)
-                rattr.append(res_attrs)
-                scname.append(scope_name)
-                scver.append(scope_version)
-                sattr.append(attrs(span.attributes))
-                dur.append(end - start if end > start else 0)
-                status = span.status
-                scode.append(STATUS_CODES[status.code] if 0 <= status.code < 3 else "")
-                smsg.append(status.message)
-                events = span.events
-                if events:
-                    ev_ts.append([e.time_unix_nano for e in events])
-                    ev_name.append([e.name for e in events])
-                    ev_attr.append([attrs(e.attributes) for e in events])
-                else:
-                    ev_ts.append([])
-                    ev_name.append([])
-                    ev_attr.append([])
-                links = span.links
-                if links:
-                    ln_tid.append([_hex_id(x.trace_id, _ZERO_TRACE) for x in links])
-                    ln_sid.append([_hex_id(x.span_id, _ZERO_SPAN) for x in links])
-                    ln_state.append([x.trace_state for x in links])
-                    ln_attr.append([attrs(x.attributes) for x in links])
-                else:
-                    ln_tid.append([])
-                    ln_sid.append([])
-                    ln_state.append([])
-                    ln_attr.append([])
+    table, bad = spans_table(request)
+    batch = Batch(tables={"otel_traces": table}, columns={"otel_traces": TRACE_COLUMNS})
     if bad:
         batch.rejected = bad
         batch.errors.append(f"{bad} span(s) without a valid 16-byte trace id and 8-byte span id")
@@ -356,8 +194,8 @@ def _exemplars(cols: list[list[Any]], p: Any) -> None:
     cols[0].append([attrs(e.filtered_attributes) for e in ex])
     cols[1].append([e.time_unix_nano for e in ex])
     cols[2].append([e.as_double if e.WhichOneof("value") == "as_double" else float(e.as_int) for e in ex])
-    cols[3].append([_hex_id(e.span_id, _ZERO_SPAN) for e in ex])
-    cols[4].append([_hex_id(e.trace_id, _ZERO_TRACE) for e in ex])
+    cols[3].append([hex_id(e.span_id, ZERO_SPAN) for e in ex])
+    cols[4].append([hex_id(e.trace_id, ZERO_TRACE) for e in ex])
 
 
 def _number(p: Any) -> float:
@@ -454,8 +292,8 @@ def logs(request: Any) -> Batch:
             for r in sl.log_records:
                 row = (
                     r.time_unix_nano or r.observed_time_unix_nano,
-                    _hex_id(r.trace_id, _ZERO_TRACE),
-                    _hex_id(r.span_id, _ZERO_SPAN),
+                    hex_id(r.trace_id, ZERO_TRACE),
+                    hex_id(r.span_id, ZERO_SPAN),
                     r.flags & 0xFF,
                     r.severity_text,
                     max(0, min(255, r.severity_number)),
@@ -481,17 +319,20 @@ def merge(batches: list[Batch]) -> Batch:
     """One batch holding the rows of several (same columns per table), for a single insert per table."""
     if len(batches) == 1:
         return batches[0]
+    parts: dict[str, list] = {}
     out = Batch()
     for b in batches:
-        for table, cols in b.tables.items():
-            if table not in out.tables:
-                out.tables[table] = [list(c) for c in cols]
-                out.columns[table] = b.columns[table]
-            else:
-                for acc, col in zip(out.tables[table], cols, strict=True):
-                    acc.extend(col)
+        for table, rows in b.tables.items():
+            parts.setdefault(table, []).append(rows)
+            out.columns[table] = b.columns[table]
         out.rejected += b.rejected
         out.errors.extend(b.errors)
+    for table, pieces in parts.items():
+        if isinstance(pieces[0], pa.Table):
+            # one contiguous block: ClickHouse then makes one part per insert, not one per request
+            out.tables[table] = pa.concat_tables(pieces).combine_chunks()
+        else:
+            out.tables[table] = [list(chain.from_iterable(cols)) for cols in zip(*pieces, strict=True)]
     return out
 
 
