@@ -1,0 +1,104 @@
+"""How long does `diagnose()` take on a big window? 1M requests and 10M engine steps (16 instances, one hour)
+are synthesized by ClickHouse itself (INSERT ... SELECT FROM numbers(), straight into `requests` and
+`steps`) in an embedded chDB store, with a prefix-cache-miss fault from the middle on; then the window is
+diagnosed without a baseline (change point, every query, every rule). Target: `seconds` <= 5.
+
+    .venv/bin/python benchmarks/diagnosis_latency.py [--requests 1000000] [--steps 10000000] [--dir DIR]
+
+Prints a one-line summary, then JSON as the last line: requests, step_rows, seconds (the diagnosis's wall
+time), cpu_seconds (this process, chDB's threads included: on a shared machine wall time can be several
+times the CPU time), insert_seconds, top_cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+
+from collector.store import Store
+from diagnosis import TimeRange, diagnose
+from diagnosis.source import StoreSource
+
+T0 = 1_760_000_000
+SPAN_S = 3600
+
+_U = "(cityHash64(number, {k}) / 18446744073709551615.0)"  # a uniform in [0, 1] per row and stream k
+
+REQUESTS = f"""
+INSERT INTO requests (time, end_time, trace_id, span_id, service, instance, role, model, request_id, ttft_s,
+    tpot_s, tpot_max_s, e2e_s, queue_s, prefill_s, kv_transfer_s, decode_s, input_tokens, output_tokens,
+    cached_tokens, prefix_key, finish_reason, rpc_delay_s, rpc_delay_max_s)
+SELECT t, t + toIntervalMillisecond(toInt64(e2e * 1000)),
+       hex(cityHash64(number, 9)), hex(cityHash64(number, 8)),
+       'engine', concat('engine-', toString(number % 16)), 'colocated', 'small', toString(number),
+       queue + prefill + 0.001, tpot, tpot * 3, queue + prefill + 0.001 + tpot * 63, queue, prefill, 0,
+       tpot * 63, 480, 64, if(miss, 0, 448), if(miss, hex(number), 'sys0'), 'length', 0.0004, 0.002
+FROM (
+    SELECT number,
+           fromUnixTimestamp64Nano(toInt64({T0}e9 + number * ({SPAN_S}e9 / {{n:UInt64}}))) AS t,
+           number >= {{n:UInt64}} / 2 AND {_U.format(k=1)} < 0.6 AS miss,
+           0.004 + 0.01 * {_U.format(k=2)} AS queue,
+           (if(miss, 0.08, 0.015)) * (0.6 + 0.8 * {_U.format(k=3)}) AS prefill,
+           0.013 * (0.8 + 0.4 * {_U.format(k=4)}) * if(number >= {{n:UInt64}} / 2, 1.15, 1.0) AS tpot,
+           queue + prefill + 0.001 + tpot * 63 AS e2e
+    FROM numbers({{n:UInt64}})
+)
+"""
+
+STEPS = f"""
+INSERT INTO steps (time, duration_s, service, instance, role, model, step_id, num_running, num_waiting,
+    batch_size, prefill_tokens, decode_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, preemptions,
+    weight_dtype, kv_dtype, chunked_prefill, max_num_seqs, gap_s, bytes_read)
+SELECT fromUnixTimestamp64Nano(toInt64({T0}e9 + number * ({SPAN_S}e9 / {{n:UInt64}}))),
+       (0.0065 + 0.0012 * batch + 0.00012 * prefill) * (0.85 + 0.3 * {_U.format(k=5)}),
+       'engine', concat('engine-', toString(number % 16)), 'colocated', 'small', intDiv(number, 16), batch, 0,
+       batch, prefill, batch, 20 * batch, 4096 - 20 * batch, 4096, 0, 'int8', 'fp32', 1, 16,
+       0.0004 * (0.5 + {_U.format(k=6)}), 34000000 + 4096 * 300 * batch
+FROM (
+    SELECT number, 1 + toUInt32(8 * {_U.format(k=7)}) AS batch,
+           if({_U.format(k=8)} < if(number >= {{n:UInt64}} / 2, 0.5, 0.2), 256, 0) AS prefill
+    FROM numbers({{n:UInt64}})
+)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=10_000_000)
+    parser.add_argument("--dir", help="chDB directory (default: a temporary one, removed after)")
+    args = parser.parse_args()
+    path = args.dir or tempfile.mkdtemp(prefix="stepscope-diag-bench-")
+    try:
+        with Store.open(f"chdb://{path}") as store:
+            start = time.perf_counter()
+            store.command(REQUESTS, {"n": args.requests})
+            store.command(STEPS, {"n": args.steps})
+            insert_s = time.perf_counter() - start
+            counts = store.query("SELECT (SELECT count() FROM requests), (SELECT count() FROM steps)").rows[0]
+            source = StoreSource(store)
+            start, cpu = time.perf_counter(), time.process_time()
+            result = diagnose(source, window=TimeRange(T0, T0 + SPAN_S))
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        if not args.dir:
+            shutil.rmtree(path, ignore_errors=True)
+    top = result.findings[0].cause if result.findings else None
+    out = {
+        "requests": int(counts[0]),
+        "step_rows": int(counts[1]),
+        "seconds": round(seconds, 3),
+        "cpu_seconds": round(cpu_seconds, 3),  # chDB runs in this process: its threads count here
+        "insert_seconds": round(insert_s, 1),
+        "top_cause": top,
+        "regressions": [r.metric for r in result.regressions],
+    }
+    print(f"diagnosed {out['requests']:,} requests, {out['step_rows']:,} steps: {seconds:.2f} s ({top})")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
