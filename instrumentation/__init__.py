@@ -1,1 +1,1 @@
-"""stepscope instrumentation (arrives with its issue)."""
+"""stepscope instrumentation: engine events -> OpenTelemetry spans and metrics (docs/spans.md)."""
