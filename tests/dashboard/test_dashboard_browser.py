@@ -1,0 +1,105 @@
+"""The dashboard in a real browser: `stepscope dashboard` as a process, Debian's chromium driven by
+Playwright, every page from the sidebar nav loaded headless; a screenshot per page, and a failure on any
+exception box or error text. Installs chromium with apt when missing; skips only when apt is unavailable."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHART = '[data-testid="stVegaLiteChart"], [data-testid="stArrowVegaLiteChart"], canvas, svg.marks'
+
+
+def ensure_chromium() -> None:
+    """Install Debian's chromium if it is missing (apt-get update only when the first try fails)."""
+    if os.path.exists(CHROMIUM):
+        return
+    if shutil.which("apt-get") is None:
+        pytest.skip("chromium is missing and apt-get is not available to install it")
+    install = ["apt-get", "install", "-y", "-q", "chromium"]
+    if subprocess.run(install, capture_output=True, timeout=900).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600)
+        done = subprocess.run(install, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"apt-get install chromium failed:\n{done.stderr[-1500:]}"
+    assert os.path.exists(CHROMIUM)
+
+
+@pytest.fixture(scope="module")
+def dashboard(api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`stepscope dashboard --api` on a free port; its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["stepscope", "dashboard", "--api", api, "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, f"dashboard exited:\n{log.read_text()[-2000:]}"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_every_page_renders_in_chromium_without_errors(
+    dashboard: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    ensure_chromium()
+    from playwright.sync_api import sync_playwright
+
+    shots = tmp_path_factory.mktemp("screenshots")
+    problems, seen = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(dashboard + "/")
+        page.wait_for_selector('[data-testid="stSidebarNav"] a', timeout=120_000)
+        links = list(
+            dict.fromkeys(
+                a.get_attribute("href") for a in page.query_selector_all('[data-testid="stSidebarNav"] a')
+            )
+        )
+        for i, link in enumerate(links):
+            page.goto(link)
+            page.wait_for_selector('[data-testid="stAppViewContainer"]', timeout=60_000)
+            page.wait_for_selector("h1", timeout=60_000)
+            page.wait_for_timeout(4000)  # charts render after the script's last message
+            name = re.sub(r"[^A-Za-z0-9]+", "_", link.rstrip("/").rsplit("/", 1)[-1]) or "overview"
+            if link.rstrip("/") == dashboard:
+                name = "overview"
+            page.screenshot(path=str(shots / f"{i:02d}_{name}.png"), full_page=True)
+            seen.append(name)
+            text = page.inner_text("body")
+            if page.query_selector_all('[data-testid="stException"]') or re.search(
+                r"Traceback|Exception:", text
+            ):
+                problems.append(f"{name}: exception on the page")
+            if not page.query_selector_all(CHART):
+                problems.append(f"{name}: no chart")
+        browser.close()
+    print(f"screenshots: {shots}")
+    assert len(seen) >= 6, seen
+    assert not problems, problems
