@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--duration", default="80", metavar="SECONDS", help="per run (default: %(default)s)")
     parser.add_argument("--model", default="small", help="engine model (default: %(default)s)")
+    parser.add_argument(
+        "--recalibrate", action="store_true", help="probe the capacity again instead of using the cached one"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
-    cap = capacity(base)
+    cap = capacity(base, refresh=args.recalibrate)
     cases = grid(faults, args.quick)
     results = []
     t0 = time.monotonic()

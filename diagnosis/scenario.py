@@ -82,8 +82,8 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "kv_cache_pressure",
             "the KV block pool cut to a fraction F",
-            0.08,
-            (0.12, 0.08),
+            0.2,
+            (0.25, 0.15),
             limits=lambda v, cur: {"num_kv_blocks": max(int(int(cur["num_kv_blocks"]) * v), 1)},  # type: ignore[call-overload]
         ),
         Fault(
