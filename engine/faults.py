@@ -9,6 +9,8 @@ generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
   between one step's end and the next one's start grows, and nothing is faked or recorded for it.
 - `rpc_codec`: the front-end/core channel switches to another codec (`slow:K` does the encoding and
   decoding work K times with the same wire format, so each end switches on its own, mid-stream).
+- `kv_transfer_mbps` (disaggregated serving only, docs/disagg.md): a prefill worker's KV sender writes
+  through a token bucket of that many megabytes (10^6 bytes) per second, a congested or misrouted link.
 
 `FaultSettings` is the whole fault state; the admin API sets it in one go (`{}` clears every fault).
 """
@@ -23,6 +25,7 @@ from engine.protocol import get_codec
 
 MAX_STALL_MS = 10_000.0  # longer than this is not a stall but a hang; refuse it
 STALL_PERIOD_S = (0.10, 0.25)  # how often the stalling thread grabs the lock (uniform, seeded)
+MAX_KV_MBPS = 1e6  # MB/s; 0 means unthrottled
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,7 @@ class FaultSettings:
 
     scheduler_stall_ms: float = 0.0
     rpc_codec: str = "binary"
+    kv_transfer_mbps: float = 0.0  # disaggregated: KV link throttled to this many MB/s (10^6 B/s); 0: off
 
     def __post_init__(self) -> None:
         stall = self.scheduler_stall_ms
@@ -39,6 +43,9 @@ class FaultSettings:
         if not isinstance(self.rpc_codec, str):
             raise ValueError(f"rpc_codec must be a string, got {self.rpc_codec!r}")
         get_codec(self.rpc_codec)  # raises ValueError naming the choices
+        mbps = self.kv_transfer_mbps
+        if isinstance(mbps, bool) or not isinstance(mbps, (int, float)) or not 0 <= mbps <= MAX_KV_MBPS:
+            raise ValueError(f"kv_transfer_mbps must be a number in [0, {MAX_KV_MBPS:g}], got {mbps!r}")
 
     @classmethod
     def from_json(cls, body: dict[str, object]) -> FaultSettings:

@@ -122,7 +122,26 @@ class Shutdown:
     pass
 
 
-Message = Add | Abort | Outputs | AdminGet | AdminSet | AdminReply | Error | Ready | Shutdown | FaultSet
+@dataclass(slots=True)
+class Handoff:
+    """Disaggregated serving (docs/disagg.md), router -> prefill worker: prefill `request` and stream its
+    KV cache to the decode worker listening at `kv_addr` ("host:port")."""
+
+    request: EngineRequest
+    kv_addr: str
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Disaggregated serving, worker -> router, about every half second: load and KV-transfer counters."""
+
+    stats: dict[str, object]
+
+
+Message = (
+    Add | Abort | Outputs | AdminGet | AdminSet | AdminReply | Error | Ready | Shutdown | FaultSet | Handoff
+    | WorkerStats
+)  # fmt: skip
 
 
 # -- primitive writers and readers ---------------------------------------------------------------
@@ -390,6 +409,23 @@ def _dec_ready(r: _Reader) -> Ready:
     return Ready(_json_object(r))
 
 
+def _enc_handoff(buf: bytearray, m: Handoff) -> None:
+    _enc_add(buf, Add(m.request))
+    _put_str(buf, m.kv_addr)
+
+
+def _dec_handoff(r: _Reader) -> Handoff:
+    return Handoff(_dec_add(r).request, r.str())
+
+
+def _enc_worker_stats(buf: bytearray, m: WorkerStats) -> None:
+    _put_json(buf, m.stats)
+
+
+def _dec_worker_stats(r: _Reader) -> WorkerStats:
+    return WorkerStats(_json_object(r))
+
+
 def _enc_shutdown(buf: bytearray, m: Shutdown) -> None:
     pass
 
@@ -417,6 +453,8 @@ _TABLE: list[tuple[type, Callable[[bytearray, Any], None], Callable[[_Reader], M
     (Ready, _enc_ready, _dec_ready),
     (Shutdown, _enc_shutdown, _dec_shutdown),
     (FaultSet, _enc_fault_set, _dec_fault_set),
+    (Handoff, _enc_handoff, _dec_handoff),
+    (WorkerStats, _enc_worker_stats, _dec_worker_stats),
 ]
 _KINDS = {cls: kind for kind, (cls, _, _) in enumerate(_TABLE, 1)}
 _ENCODERS = {kind: enc for kind, (_, enc, _) in enumerate(_TABLE, 1)}

@@ -48,12 +48,22 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.finished_outputs: list[RequestOutput] = []  # aborts waiting to be reported
         self.num_preemptions_total = 0
+        # Disaggregated serving (engine/disagg, docs/disagg.md); both hold blocks, so both are live.
+        self.handed_off: dict[str, Sequence] = {}  # prefill side: first token sampled, KV still to send
+        self.remote: dict[str, Sequence] = {}  # decode side: blocks reserved, KV arriving from a prefill
 
     # -- admission ---------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def abort(self, req_id: str) -> Sequence | None:
+        if req_id in self.handed_off:  # already reported as finished: only its blocks are left
+            self.release_handoff(req_id)
+            return None
+        seq = self.remote.pop(req_id, None)
+        if seq is not None:
+            self._finish(seq, "abort")  # frees the reserved blocks
+            return seq
         for queue in (self.running, self.waiting):
             for seq in queue:
                 if seq.req_id == req_id:
@@ -192,7 +202,7 @@ class Scheduler:
             if seq.batch_done:
                 continue
             seq.record_token(now_ns)
-            reason = self._stop_reason(seq, token)
+            reason = self._stop_reason(seq, token) or ("handoff" if seq.prefill_only else None)
             if reason:
                 self._finish(seq, reason, now_ns)
             outputs.append(self._output(seq, [token]))
@@ -213,6 +223,9 @@ class Scheduler:
         seq.timings.finished_ns = now_ns or time.monotonic_ns()
         if self.config.scheduling == "static" and reason != "abort" and seq in self.running:
             seq.batch_done = True  # keeps its slot until the batch ends
+        elif reason == "handoff":  # keeps its blocks until its KV is copied out (`release_handoff`)
+            self.running.remove(seq)
+            self.handed_off[seq.req_id] = seq
         else:
             if seq in self.running:
                 self.running.remove(seq)
@@ -234,4 +247,36 @@ class Scheduler:
         )
 
     def live_sequences(self) -> list[Sequence]:
-        return [*self.running, *self.waiting]
+        return [*self.running, *self.waiting, *self.handed_off.values(), *self.remote.values()]
+
+    # -- disaggregated serving (docs/disagg.md) ----------------------------------------------
+    def release_handoff(self, req_id: str) -> None:
+        """Prefill side: the handed-off sequence's KV has been copied out; free its blocks."""
+        seq = self.handed_off.pop(req_id, None)
+        if seq is not None:
+            self.kv.free(seq)
+
+    def reserve_remote(self, seq: Sequence) -> bool:
+        """Decode side: blocks for `seq`'s whole prompt, whose KV a prefill worker computes. False when
+        the pool or `max_num_seqs` has no room now (the caller retries later)."""
+        if len(self.running) + len(self.remote) >= self.config.max_num_seqs:
+            return False
+        if not self.kv.allocate_slots(seq, seq.num_prompt_tokens):
+            return False
+        seq.num_cached_tokens = max(seq.num_cached_tokens, 0)
+        self.remote[seq.req_id] = seq
+        return True
+
+    def commit_remote(self, req_id: str, first_token: int, now_ns: int) -> RequestOutput:
+        """Decode side: the prompt's KV is in the reserved blocks; run on from the first token."""
+        seq = self.remote.pop(req_id)
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.token_ids.append(first_token)
+        self.kv.cache_full_blocks(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        seq.record_token(now_ns)
+        reason = self._stop_reason(seq, first_token)
+        if reason:
+            self._finish(seq, reason, now_ns)
+        return self._output(seq, [first_token])

@@ -113,7 +113,11 @@ def test_admin_faults_endpoint_is_token_protected_and_validates(server: Server):
         r = httpx.post(url, json=bad, headers=auth)
         assert r.status_code == 400, (bad, r.text)
         assert r.json()["error"]["message"]
-    assert httpx.get(url, headers=auth).json() == {"scheduler_stall_ms": 0.0, "rpc_codec": "binary"}
+    assert httpx.get(url, headers=auth).json() == {
+        "scheduler_stall_ms": 0.0,
+        "rpc_codec": "binary",
+        "kv_transfer_mbps": 0.0,
+    }
 
 
 def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server: Server):
@@ -121,10 +125,14 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     r = httpx.post(url, json={"scheduler_stall_ms": 20, "rpc_codec": "slow:4"}, headers=auth)
     assert r.status_code == 200, r.text
-    assert r.json() == {"scheduler_stall_ms": 20, "rpc_codec": "slow:4"}
+    assert r.json() == {"scheduler_stall_ms": 20, "rpc_codec": "slow:4", "kv_transfer_mbps": 0.0}
     body = {"prompt": "hello", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 24
-    assert httpx.post(url, json={}, headers=auth).json() == {"scheduler_stall_ms": 0.0, "rpc_codec": "binary"}
+    assert httpx.post(url, json={}, headers=auth).json() == {
+        "scheduler_stall_ms": 0.0,
+        "rpc_codec": "binary",
+        "kv_transfer_mbps": 0.0,
+    }
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200
