@@ -76,7 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", default="80", metavar="SECONDS", help="per run (default: %(default)s)")
     parser.add_argument("--model", default="small", help="engine model (default: %(default)s)")
     parser.add_argument(
-        "--recalibrate", action="store_true", help="probe the capacity again instead of using the cached one"
+        "--cached-capacity",
+        action="store_true",
+        help="use the cached capacity (default: probe it again first: neighbours change it several-fold)",
     )
 
 
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
-    cap = capacity(base, refresh=args.recalibrate)
+    cap = capacity(base, refresh=not args.cached_capacity)
     cases = grid(faults, args.quick)
     results = []
     t0 = time.monotonic()

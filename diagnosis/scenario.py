@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import sys
 import time
@@ -278,6 +279,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         capacity_rps = capacity_rps or capacity(cfg)
         rate = round(cfg.load_fraction * capacity_rps, 3)
     token = secrets.token_hex(16)
+    load_before = os.getloadavg()[0]
     procs: list[Proc] = []
     try:
         collector, collector_url = start_collector(cfg.out / "store", cfg.out / "collector.log")
@@ -311,6 +313,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "store": f"chdb://{cfg.out / 'store'}",
         "requests_stored": n,
         "client": run["summary"],
+        "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},  # neighbours
     }
     (cfg.out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
     return truth
