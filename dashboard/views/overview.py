@@ -23,10 +23,11 @@ def _latency_tile(
     if p99_s is None:
         col.metric(label, "no data", help=f"SLO {slo_s * 1000:.0f} ms")
         return
+    over = p99_s - slo_s
     col.metric(
         label,
-        f"{p99_s * 1000:,.0f} ms",
-        delta=f"{(p99_s - slo_s) * 1000:+,.0f} ms vs SLO {slo_s * 1000:,.0f} ms",
+        ui.fmt_s(p99_s),
+        delta=f"{'+' if over >= 0 else '-'}{ui.fmt_s(abs(over))} vs SLO {ui.fmt_s(slo_s)}",
         delta_color="inverse",
         help="P99 over the range; red when above the SLO",
     )
