@@ -11,8 +11,10 @@ block `block_table[p // block_size]` at offset `p % block_size`; its flat slot i
     slot of p=5:  2 * 4 + 1 = 9
 
 The cache is touched in exactly two places, `_write_kv` (scatter new K/V to their slots) and
-`_gather_kv` (read a sequence's context through its block table), so a quantized cache
-(int8 K/V plus per-token scales) can later replace those two without changing the attention math.
+`_gather_blocks` (read whole blocks through a block table). A layer's cache is either that tensor in
+the model's dtype or an `Int8KVCache` (engine/quant.py: the same layout in int8 plus per-token, per-head
+scales [2, num_blocks, block_size, num_kv_heads]), quantized on write and dequantized on read; the
+attention math never sees the difference.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.quant import Int8KVCache
+
+KVCache = torch.Tensor | Int8KVCache  # one layer's cache: [2, num_blocks, block_size, Hkv, Dh]
 
 
 @dataclass(slots=True)
@@ -86,24 +91,44 @@ def make_attention_metadata(
 
 
 def allocate_kv_cache(
-    cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str, dtype: torch.dtype
-) -> list[torch.Tensor]:
-    """One zeroed cache tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+    cfg: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    kv_int8: bool = False,
+) -> list[KVCache]:
+    """One zeroed cache per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].
+
+    In `dtype` (the model's), or with `kv_int8` an `Int8KVCache` whose reads dequantize to `dtype`.
+    """
     shape = (2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    if kv_int8:
+        return [Int8KVCache.zeros(shape, device, dtype) for _ in range(cfg.num_layers)]
     return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
 
 def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V together."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    """Bytes one block takes across all layers, K and V together; `torch.int8` counts the scales too."""
+    if dtype == torch.int8:
+        per_token_head = Int8KVCache.bytes_per_token_head(cfg.head_dim)
+    else:
+        per_token_head = cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * per_token_head
+
+
+def concat_kv_blocks(old: KVCache, more: KVCache) -> KVCache:
+    """A cache with `more`'s blocks after `old`'s (growing the pool keeps block ids and contents)."""
+    if isinstance(old, Int8KVCache) and isinstance(more, Int8KVCache):
+        return old.cat(more)
+    return torch.cat([old, more], dim=1)  # type: ignore[list-item]
 
 
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv_cache: torch.Tensor,
+    kv_cache: KVCache,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
@@ -159,7 +184,7 @@ def _prefill_one(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv_cache: torch.Tensor,
+    kv_cache: KVCache,
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
@@ -174,7 +199,10 @@ def _prefill_one(
     return _prefill_attention(q, ctx_k, ctx_v, mask, scale)
 
 
-def _write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _write_kv(kv_cache: KVCache, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if isinstance(kv_cache, Int8KVCache):
+        kv_cache.write(slot_mapping, k, v)  # quantized per token and head on the way in
+        return
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)  # [2, slots, Hkv, Dh]
     flat[0].index_copy_(0, slot_mapping, k)
@@ -182,7 +210,7 @@ def _write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tenso
 
 
 def _gather_kv(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    kv_cache: KVCache, block_table: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's context: block_table [max_blocks] -> k, v [seq_len, Hkv, Dh]."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -192,12 +220,14 @@ def _gather_kv(
     return kv[0], kv[1]
 
 
-def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """block_ids [N] -> their K and V blocks [2, N, bs, Hkv, Dh].
+def _gather_blocks(kv_cache: KVCache, block_ids: torch.Tensor) -> torch.Tensor:
+    """block_ids [N] -> their K and V blocks [2, N, bs, Hkv, Dh] (an int8 cache's dequantized).
 
     One index_select over whole blocks (K rows then V rows of a [2 * num_blocks, block] view) copies
     contiguous runs: about twice as fast on the CPU as advanced indexing `kv_cache[:, block_ids]`.
     """
+    if isinstance(kv_cache, Int8KVCache):
+        return kv_cache.gather_blocks(block_ids)
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     rows = kv_cache.view(2 * num_blocks, block_size * num_kv_heads * head_dim)
     picked = rows.index_select(0, torch.cat([block_ids, block_ids + num_blocks]))
@@ -206,7 +236,7 @@ def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Ten
 
 def _decode_attention(
     q: torch.Tensor,
-    kv_cache: torch.Tensor,
+    kv_cache: KVCache,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     seq_lens_list: list[int],
@@ -238,7 +268,7 @@ def _decode_attention(
 def _mixed_decodes(
     q: torch.Tensor,
     out: torch.Tensor,
-    kv_cache: torch.Tensor,
+    kv_cache: KVCache,
     meta: AttentionMetadata,
     decode_rows: list[int],
     starts: list[int],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +99,8 @@ def preset(name: str) -> ModelConfig:
 
 
 SchedulingMode = Literal["continuous", "static"]
+WeightDtype = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+KVDtype = Literal["auto", "int8"]
 
 
 @dataclass(slots=True)
@@ -109,6 +112,14 @@ class EngineConfig:
     )
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda|cuda:N"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA)|fp32|bf16|fp16"})
+    weight_dtype: WeightDtype = field(
+        default="auto",
+        metadata={"help": "linear-layer weights: auto (the model dtype), a float dtype, or int8 per channel"},
+    )
+    kv_dtype: KVDtype = field(
+        default="auto",
+        metadata={"help": "KV cache: auto (the model dtype) or int8 per token and head (~2x the tokens)"},
+    )
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     num_kv_blocks: int = field(
         default=0,
@@ -151,6 +162,10 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("continuous", "static"):
             raise ValueError(f"scheduling must be continuous or static, got {self.scheduling!r}")
+        for name, kind in (("weight_dtype", WeightDtype), ("kv_dtype", KVDtype)):
+            value, choices = getattr(self, name), typing.get_args(kind)
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
         if self.num_kv_blocks < 0 or self.kv_cache_bytes < 0:
             raise ValueError("num_kv_blocks and kv_cache_bytes must be >= 0")
 

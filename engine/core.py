@@ -21,9 +21,17 @@ import torch
 from engine.attention import kv_cache_bytes_per_block
 from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig, ModelConfig, preset
-from engine.device import resolve_device, resolve_dtype
+from engine.device import resolve_device
 from engine.events import Event, EventBuffer, RequestEvent, ScheduledChunk, StepEvent
 from engine.model_runner import ModelRunner
+from engine.quant import (
+    dequantize_model,
+    is_quantized,
+    quantize_model,
+    resolve_model_dtype,
+    restore_modules,
+    streamed_weight_bytes,
+)
 from engine.request import EngineRequest, RequestOutput
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
@@ -52,22 +60,27 @@ class EngineCore:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_model_dtype(config.dtype, config.weight_dtype, self.device)
         self.model_config, model = load_model(config, self.device, self.dtype)
+        if config.weight_dtype == "int8":
+            quantize_model(model)
         self.tokenizer: Tokenizer = get_tokenizer(config.model, self.model_config.vocab_size)
-        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        kv_int8 = config.kv_dtype == "int8"
+        block_bytes = kv_cache_bytes_per_block(
+            self.model_config, config.block_size, torch.int8 if kv_int8 else self.dtype
+        )
         num_blocks = config.num_kv_blocks or max(config.kv_cache_bytes // block_bytes, 1)
         self.config.num_kv_blocks = num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
-            model, self.model_config, num_blocks, config.block_size, self.device, self.dtype
+            model, self.model_config, num_blocks, config.block_size, self.device, self.dtype, kv_int8
         )
         eos = self.model_config.eos_token_id
         self.scheduler = Scheduler(config, self.kv, self.model_config.max_model_len, eos)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.block_bytes = block_bytes
-        self.weight_dtype = DTYPE_NAMES.get(self.dtype, str(self.dtype))
-        self.kv_dtype = self.weight_dtype
+        self.kv_dtype = "int8" if kv_int8 else DTYPE_NAMES.get(self.dtype, str(self.dtype))
+        self._full_precision_swap: dict[str, torch.nn.Module] = {}
+        self._account_weights()
         self.record_events = record_events
         self.events = EventBuffer()
         self.step_id = 0
@@ -150,6 +163,29 @@ class EngineCore:
             setattr(self.config, name, getattr(new, name))
         return self.limits()
 
+    def set_weights_full_precision(self, on: bool) -> None:
+        """Serve an int8 model from full-precision weights (`on`) or back from its int8 ones; between steps.
+
+        The `weight_quant_off` fault (engine/faults.py): the int8 weights are dequantized into full-size
+        Linears in the model dtype, as if the wrong checkpoint had been loaded; the int8 modules are kept
+        aside and put back exactly when the fault clears. A no-op on a model that was never quantized.
+        """
+        if on and not self._full_precision_swap:
+            self._full_precision_swap = dequantize_model(self.runner.model, self.dtype)
+        elif not on and self._full_precision_swap:
+            restore_modules(self.runner.model, self._full_precision_swap)
+            self._full_precision_swap = {}
+        self._account_weights()
+
+    def _account_weights(self) -> None:
+        """weight_dtype and the weight bytes one step streams (the embedding table only by the row)."""
+        model = self.runner.model
+        self.weight_dtype = "int8" if is_quantized(model) else DTYPE_NAMES.get(self.dtype, str(self.dtype))
+        embed = model.model.embed_tokens
+        tied = model.lm_head.weight is embed.weight
+        self.weight_bytes = streamed_weight_bytes(model, exclude=() if tied else (embed,))
+        self.embed_row_bytes = 0 if tied else embed.weight[0].numel() * embed.weight.element_size()
+
     def limits(self) -> dict[str, object]:
         return {name: getattr(self.config, name) for name in EngineConfig.runtime_fields()}
 
@@ -220,7 +256,7 @@ class EngineCore:
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
-                bytes_read=self.weight_bytes + ctx_tokens * self.block_bytes // self.config.block_size,
+                bytes_read=self._bytes_read(prefill + decode, ctx_tokens),
                 scheduled=chunks,
                 preempted_req_ids=[s.req_id for s in sched.preempted],
             )
@@ -228,6 +264,11 @@ class EngineCore:
         for seq, _ in sched.scheduled:
             if seq.finished and seq.timings.finished_ns == end_ns:
                 self.events.append(self._finished_event(seq))
+
+    def _bytes_read(self, num_tokens: int, ctx_tokens: int) -> int:
+        """Weights streamed once, the step's embedding rows, and the K/V (with int8 scales) of the context."""
+        kv = ctx_tokens * self.block_bytes // self.config.block_size
+        return self.weight_bytes + num_tokens * self.embed_row_bytes + kv
 
     def _finished_event(self, seq: Sequence) -> RequestEvent:
         t = seq.timings

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention
+from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.config import ModelConfig
 
 # Random-weight init (presets). Linear weights use INIT_STD; the embedding and the LM head use a
@@ -91,7 +91,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """x [T, D] -> [T, D]; writes this step's K/V into `kv_cache`."""
@@ -134,7 +134,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
@@ -175,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[KVCache],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """input_ids, positions [T] long -> hidden [T, D]. Writes each new token's K/V into `kv_caches`."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, allocate_kv_cache
+from engine.attention import AttentionMetadata, KVCache, allocate_kv_cache, concat_kv_blocks
 from engine.config import ModelConfig
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
@@ -37,13 +37,15 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        kv_int8: bool = False,
     ) -> None:
         self.model = model
         self.model_config = model_config
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
-        self.kv_caches = allocate_kv_cache(model_config, num_blocks, block_size, device, dtype)
+        self.kv_int8 = kv_int8  # int8 K/V with per-token scales (engine/quant.py), read back in `dtype`
+        self.kv_caches = self._allocate(num_blocks)
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -54,8 +56,12 @@ class ModelRunner:
         extra = num_blocks - self.num_allocated_blocks
         if extra <= 0:
             return
-        more = allocate_kv_cache(self.model_config, extra, self.block_size, self.device, self.dtype)
-        self.kv_caches = [torch.cat([old, new], dim=1) for old, new in zip(self.kv_caches, more, strict=True)]
+        more = self._allocate(extra)
+        self.kv_caches = [concat_kv_blocks(old, new) for old, new in zip(self.kv_caches, more, strict=True)]
+
+    def _allocate(self, num_blocks: int) -> list[KVCache]:
+        cfg, bs = self.model_config, self.block_size
+        return allocate_kv_cache(cfg, num_blocks, bs, self.device, self.dtype, kv_int8=self.kv_int8)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:

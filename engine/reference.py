@@ -15,12 +15,16 @@ from engine.model import LlamaForCausalLM
 class SingleSequence:
     """One sequence's KV cache and block table; `feed(ids)` runs the new ids and returns their logits."""
 
-    def __init__(self, model: LlamaForCausalLM, max_len: int, block_size: int = 16) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, max_len: int, block_size: int = 16, kv_int8: bool = False
+    ) -> None:
         param = next(model.parameters())
         self.model, self.block_size, self.device = model, block_size, param.device
         num_blocks = -(-max_len // block_size)
         self.block_table = list(range(num_blocks))
-        self.kv_caches = allocate_kv_cache(model.config, num_blocks, block_size, param.device, param.dtype)
+        self.kv_caches = allocate_kv_cache(
+            model.config, num_blocks, block_size, param.device, param.dtype, kv_int8=kv_int8
+        )
         self.num_tokens = 0
 
     @torch.inference_mode()
@@ -36,10 +40,14 @@ class SingleSequence:
 
 
 def greedy_generate(
-    model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
+    model: LlamaForCausalLM,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    block_size: int = 16,
+    kv_int8: bool = False,
 ) -> list[int]:
     """Greedy continuation of one prompt: prefill in one step, then one decode step per token."""
-    seq = SingleSequence(model, len(prompt_ids) + max_new_tokens, block_size)
+    seq = SingleSequence(model, len(prompt_ids) + max_new_tokens, block_size, kv_int8)
     logits = seq.feed(prompt_ids)
     out: list[int] = []
     for _ in range(max_new_tokens):

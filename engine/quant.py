@@ -1,0 +1,253 @@
+"""Int8 quantization: weights per output channel, the KV cache per token and head, both symmetric.
+
+Pure tensor helpers plus a swap of `nn.Linear` modules (as gpt-fast does it):
+
+    w [N, K] float  ->  w_int8 [N, K], scales [N]        w ~= w_int8 * scales[:, None]
+    k [T, Hkv, Dh]  ->  k_int8 [T, Hkv, Dh], scales [T, Hkv]
+
+Scales are rounded to bfloat16 *before* quantizing, so the bf16 scales the CPU kernel takes are
+exactly the scales the int8 values were made with (no per-channel gain error from the rounding).
+Values are clamped to [-127, 127]: symmetric, -128 unused.
+
+Kernels, chosen at run time by the activation's device (`int8_matmul`):
+- CPU: `torch._weight_int8pack_mm(x_bf16, w_int8, scales_bf16)`; activations are cast to bf16 at the
+  op boundary and back (fp32 activations into this op are several times slower, docs/engine.md).
+  Only for K a multiple of `PACK_K_MULTIPLE`; other shapes take the dequantizing path below.
+- CUDA (and anything else): dequantize on the fly, `F.linear(x, w_int8.to(x.dtype)) * scales`, the
+  gpt-fast formulation that torch.compile fuses into one kernel. Not measured here (no GPU).
+
+What is quantized: every `nn.Linear` (fused qkv and gate_up as single matrices, and the LM head unless
+it is tied to the embedding, which stays full precision with it). Embeddings and norms are untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.device import resolve_dtype
+
+INT8_MAX = 127
+SCALE_DTYPE = torch.bfloat16  # weight and KV scales: 2 bytes, and what the CPU kernel takes
+_MIN_SCALE = 1e-10  # an all-zero row or token gets this scale (its int8 values are all 0)
+# torch 2.13's CPU `_weight_int8pack_mm` returns garbage or crashes unless K is a multiple of 16 (seen
+# with K = 8, 24, 40, 100, 172 on AVX2); 64 leaves a margin for wider vector units. Other K: dequantize.
+PACK_K_MULTIPLE = 64
+
+
+def resolve_model_dtype(dtype: str, weight_dtype: str, device: torch.device) -> torch.dtype:
+    """The model's (activation) dtype from `--dtype` and `--weight-dtype`.
+
+    A float weight dtype with `--dtype auto` sets the model dtype; one that contradicts an explicit
+    `--dtype` raises ValueError. `auto` and `int8` weights leave `--dtype` in charge.
+    """
+    resolved = resolve_dtype(dtype, device)
+    if weight_dtype in ("auto", "int8"):
+        return resolved
+    wanted = resolve_dtype(weight_dtype, device)
+    if dtype != "auto" and wanted != resolved:
+        raise ValueError(f"weight_dtype {weight_dtype} contradicts dtype {dtype}; give one of them")
+    return wanted
+
+
+def symmetric_int8(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize `x` with one scale per slice along every axis except `dim` (reduced by absmax).
+
+    Returns (int8 values shaped like x, bf16 scales shaped like x without `dim`).
+    """
+    xf = x.float()
+    amax = xf.abs().amax(dim=dim, keepdim=True)
+    scales = (amax / INT8_MAX).clamp(min=_MIN_SCALE).to(SCALE_DTYPE)
+    q = (xf / scales.float()).round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales.squeeze(dim)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: w [N, K] -> (w_int8 [N, K], scales [N] bf16)."""
+    return symmetric_int8(w, dim=1)
+
+
+def dequantize_weight(w_int8: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """w_int8 [N, K], scales [N] -> w [N, K] in `dtype`."""
+    return (w_int8.float() * scales.float()[:, None]).to(dtype)
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, per-head symmetric int8: x [T, Hkv, Dh] -> (int8 [T, Hkv, Dh], scales [T, Hkv] bf16)."""
+    return symmetric_int8(x, dim=-1)
+
+
+def dequantize_kv(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """q [..., Dh] int8, scales [...] -> [..., Dh] in `dtype` (int8 and bf16 values are exact in fp32)."""
+    return (q.to(torch.float32) * scales.to(torch.float32).unsqueeze(-1)).to(dtype)
+
+
+def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float, w_int8 [N, K], scales [N] bf16 -> [M, N] in x's dtype; the kernel by device."""
+    if x.device.type == "cpu" and w_int8.shape[1] % PACK_K_MULTIPLE == 0:
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), w_int8, scales).to(x.dtype)
+    return F.linear(x, w_int8.to(x.dtype)) * scales.to(x.dtype)
+
+
+class Int8Linear(nn.Module):
+    """A `nn.Linear` with per-output-channel int8 weights. Buffers, not parameters: nothing to train."""
+
+    def __init__(self, w_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = w_int8.shape
+        self.register_buffer("weight", w_int8)  # [N, K] int8
+        self.register_buffer("scales", scales)  # [N] bf16
+        self.register_buffer("bias", bias)  # [N] in the model dtype, or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        """Quantize a float Linear's weight; its bias stays as it is."""
+        w_int8, scales = quantize_weight(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(w_int8, scales, bias)
+
+    def to_linear(self, dtype: torch.dtype) -> nn.Linear:
+        """A float Linear with the dequantized weight (full size: what an unquantized checkpoint reads)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        linear = linear.to(device=self.weight.device, dtype=dtype)
+        with torch.no_grad():
+            linear.weight.copy_(dequantize_weight(self.weight, self.scales, dtype))
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # the CPU kernel takes 2-D activations only
+        out = int8_matmul(flat, self.weight, self.scales)  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_model(model: nn.Module) -> dict[str, Int8Linear]:
+    """Swap every `nn.Linear` of `model` for an `Int8Linear`, in place; returns the new modules by name.
+
+    A Linear whose weight is shared with another module (the LM head tied to the embedding) is left
+    alone: quantizing it would untie it and read the table twice.
+    """
+    shared = _shared_weight_ids(model)
+    swapped: dict[str, Int8Linear] = {}
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and id(module.weight) not in shared:
+            swapped[name] = Int8Linear.from_linear(module)
+            _set_submodule(model, name, swapped[name])
+    return swapped
+
+
+def dequantize_model(model: nn.Module, dtype: torch.dtype) -> dict[str, Int8Linear]:
+    """Swap every `Int8Linear` for a full-precision `nn.Linear` of its dequantized weight, in place.
+
+    Returns the int8 modules taken out, so `restore_modules` can put exactly them back.
+    """
+    taken = {name: m for name, m in model.named_modules() if isinstance(m, Int8Linear)}
+    for name, module in taken.items():
+        _set_submodule(model, name, module.to_linear(dtype))
+    return taken
+
+
+def restore_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+    """Put modules back at their names (undoes `dequantize_model`)."""
+    for name, module in modules.items():
+        _set_submodule(model, name, module)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any Linear of the model runs on int8 weights."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def streamed_weight_bytes(model: nn.Module, exclude: tuple[nn.Module, ...] = ()) -> int:
+    """Bytes of weights a forward pass reads whole (parameters and Int8Linear buffers, each once).
+
+    Modules in `exclude` (an untied embedding table, which a step reads only a few rows of) are left out.
+    """
+    skip = {id(t) for m in exclude for t in m.parameters()}
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        tensors = list(module.parameters(recurse=False))
+        if isinstance(module, Int8Linear):
+            tensors += [t for t in (module.weight, module.scales, module.bias) if t is not None]
+        for t in tensors:
+            if id(t) not in seen and id(t) not in skip:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _shared_weight_ids(model: nn.Module) -> set[int]:
+    counts: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            counts[id(p)] = counts.get(id(p), 0) + 1
+    return {pid for pid, n in counts.items() if n > 1}
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+class Int8KVCache:
+    """One layer's paged cache in int8 with per-token, per-head scales.
+
+    values [2, num_blocks, block_size, Hkv, Dh] int8 and scales [2, num_blocks, block_size, Hkv] bf16
+    (index 0: K, 1: V). A block costs Dh + 2 bytes per token and head, against 4 Dh in fp32 and 2 Dh
+    in bf16: about 3.9x and 1.9x the tokens in the same bytes at Dh = 64. Reads dequantize to `dtype`.
+    """
+
+    __slots__ = ("dtype", "scales", "values")
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
+        self.values, self.scales, self.dtype = values, scales, dtype
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> Int8KVCache:
+        """An empty cache of `shape` = (2, num_blocks, block_size, Hkv, Dh)."""
+        values = torch.zeros(shape, device=device, dtype=torch.int8)
+        return cls(values, torch.zeros(shape[:-1], device=device, dtype=SCALE_DTYPE), dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.numel() + self.scales.numel() * self.scales.element_size()
+
+    @staticmethod
+    def bytes_per_token_head(head_dim: int) -> int:
+        """Bytes of one token's K (or V) for one KV head: the int8 values and one scale."""
+        return head_dim + torch.empty((), dtype=SCALE_DTYPE).element_size()
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize k, v [T, Hkv, Dh] and scatter them to their flat slots [T]."""
+        _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
+        slots = num_blocks * block_size
+        values = self.values.view(2, slots, num_kv_heads, head_dim)  # [2, slots, Hkv, Dh]
+        scales = self.scales.view(2, slots, num_kv_heads)  # [2, slots, Hkv]
+        for i, x in enumerate((k, v)):
+            q, s = quantize_kv(x)
+            values[i].index_copy_(0, slot_mapping, q)
+            scales[i].index_copy_(0, slot_mapping, s)
+
+    def gather_blocks(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """block_ids [N] -> their K and V blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`."""
+        _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
+        rows = torch.cat([block_ids, block_ids + num_blocks])  # K rows, then V rows
+        values = self.values.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv * Dh]
+        scales = self.scales.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv]
+        shape = (2, block_ids.shape[0], block_size, num_kv_heads)
+        return dequantize_kv(values.view(*shape, head_dim), scales.view(shape), self.dtype)
+
+    def cat(self, more: Int8KVCache) -> Int8KVCache:
+        """This cache followed by `more`'s blocks (block ids and contents stay)."""
+        values = torch.cat([self.values, more.values], dim=1)
+        return Int8KVCache(values, torch.cat([self.scales, more.scales], dim=1), self.dtype)
