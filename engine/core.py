@@ -168,9 +168,14 @@ class EngineCore:
 
         The `weight_quant_off` fault (engine/faults.py): the int8 weights are dequantized into full-size
         Linears in the model dtype, as if the wrong checkpoint had been loaded; the int8 modules are kept
-        aside and put back exactly when the fault clears. A no-op on a model that was never quantized.
+        aside and put back exactly when the fault clears. Raises ValueError to turn it on for a model that
+        was never quantized.
         """
         if on and not self._full_precision_swap:
+            if not is_quantized(self.runner.model):
+                raise ValueError(
+                    "weight_quant_off needs an engine serving int8 weights (--weight-dtype int8)"
+                )
             self._full_precision_swap = dequantize_model(self.runner.model, self.dtype)
         elif not on and self._full_precision_swap:
             restore_modules(self.runner.model, self._full_precision_swap)

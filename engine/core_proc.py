@@ -155,7 +155,7 @@ class CoreLoop:
         elif isinstance(msg, FaultSet):
             try:
                 settings = FaultSettings.from_json(msg.settings)
-                reply = AdminReply(msg.seq, True, self.faults.apply(settings, self.channel))
+                reply = AdminReply(msg.seq, True, self.faults.apply(settings, self.channel, self.core))
             except (ValueError, TypeError) as e:
                 reply = AdminReply(msg.seq, False, {"error": str(e)})
             self.channel.send(reply)

@@ -11,6 +11,10 @@ generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
   decoding work K times with the same wire format, so each end switches on its own, mid-stream).
 - `kv_transfer_mbps` (disaggregated serving only, docs/disagg.md): a prefill worker's KV sender writes
   through a token bucket of that many megabytes (10^6 bytes) per second, a congested or misrouted link.
+- `weight_quant_off` (an engine serving `--weight-dtype int8`): the int8 weights are swapped for
+  full-precision Linears of their dequantized values, as when a deployment silently loads the
+  unquantized checkpoint: every decode step reads ~4x the weight bytes (fp32) and takes longer at the
+  same batch size; the step's `weight_dtype` changes. Clearing it puts the int8 modules back.
 
 `FaultSettings` is the whole fault state; the admin API sets it in one go (`{}` clears every fault).
 """
@@ -35,6 +39,7 @@ class FaultSettings:
     scheduler_stall_ms: float = 0.0
     rpc_codec: str = "binary"
     kv_transfer_mbps: float = 0.0  # disaggregated: KV link throttled to this many MB/s (10^6 B/s); 0: off
+    weight_quant_off: bool = False  # an int8-weight engine serves full-precision weights
 
     def __post_init__(self) -> None:
         stall = self.scheduler_stall_ms
@@ -46,6 +51,8 @@ class FaultSettings:
         mbps = self.kv_transfer_mbps
         if isinstance(mbps, bool) or not isinstance(mbps, (int, float)) or not 0 <= mbps <= MAX_KV_MBPS:
             raise ValueError(f"kv_transfer_mbps must be a number in [0, {MAX_KV_MBPS:g}], got {mbps!r}")
+        if not isinstance(self.weight_quant_off, bool):
+            raise ValueError(f"weight_quant_off must be true or false, got {self.weight_quant_off!r}")
 
     @classmethod
     def from_json(cls, body: dict[str, object]) -> FaultSettings:
@@ -116,8 +123,13 @@ class EngineFaults:
         """Taken by the core loop around each `core.step()`."""
         return self.stall.lock
 
-    def apply(self, settings: FaultSettings, channel: object | None = None) -> dict[str, object]:
-        """Switch to `settings`: restart the stall thread if its length changed, swap the channel's codec."""
+    def apply(
+        self, settings: FaultSettings, channel: object | None = None, core: object | None = None
+    ) -> dict[str, object]:
+        """Switch to `settings`: swap the core's weights (first: it may refuse), restart the stall thread
+        if its length changed, swap the channel's codec."""
+        if core is not None:
+            core.set_weights_full_precision(settings.weight_quant_off)  # type: ignore[attr-defined]
         if settings.scheduler_stall_ms != self.stall.stall_ms:
             self.stall.set(settings.scheduler_stall_ms)
         if channel is not None:

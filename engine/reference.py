@@ -54,3 +54,18 @@ def greedy_generate(
         out.append(int(logits[-1].argmax()))
         logits = seq.feed(out[-1:])
     return out
+
+
+def continuation_logits(
+    model: LlamaForCausalLM, prompt_ids: list[int], continuation: list[int], kv_int8: bool = False
+) -> torch.Tensor:
+    """Teacher forcing: logits [len(continuation), V] float32 that predict each continuation token.
+
+    The prompt is one prefill; the continuation is a second chunk over the cached prompt, so every row
+    reads K/V back through the cache (quantized and dequantized with `kv_int8`).
+    """
+    seq = SingleSequence(model, len(prompt_ids) + len(continuation), kv_int8=kv_int8)
+    first = seq.feed(prompt_ids)[-1:]  # [1, V]: predicts continuation[0]
+    if len(continuation) == 1:
+        return first
+    return torch.cat([first, seq.feed(continuation[:-1])])  # [C, V]
