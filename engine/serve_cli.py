@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 
 from engine.config import PRESETS, EngineConfig
+from engine.disagg import launch
 from instrumentation.config import CORE_SINK, STEPS_EVERY_ENV, TelemetryConfig, telemetry_config
 from stepscope.cli import UsageError
 
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"export one engine.step span in N (default: ${STEPS_EVERY_ENV} or "
         f"{TelemetryConfig.__dataclass_fields__['steps_every'].default})",
     )
+    launch.add_arguments(parser.add_argument_group("disaggregated serving (docs/disagg.md)"))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -108,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     from engine.server import ServerSettings
 
     config = engine_config(args)
+    try:
+        dis = launch.check_arguments(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.role:
+        return _run_worker(args, config, dis)
     settings = ServerSettings(
         served_model_name=args.served_model_name or config.model,
         max_waiting=config.max_waiting,
@@ -115,9 +123,12 @@ def run(args: argparse.Namespace) -> int:
         otlp_endpoint=args.otlp_endpoint,
     )
     listener = _listen(args.host, args.port)  # before the model loads: a busy port fails fast
-    tele = _telemetry(args, config, settings.served_model_name, listener)
+    role = "router" if args.disagg else "colocated"
+    tele = _telemetry(args, config, settings.served_model_name, listener, role)
     settings.telemetry = tele[1] if tele else None
     signal.signal(signal.SIGTERM, _terminate)
+    if args.disagg:
+        return _run_router(args, config, settings, listener, dis, tele)
     try:
         core = start_core_process(
             config,
@@ -151,7 +162,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _telemetry(
-    args: argparse.Namespace, config: EngineConfig, model: str, listener: socket.socket
+    args: argparse.Namespace,
+    config: EngineConfig,
+    model: str,
+    listener: socket.socket,
+    role: str = "colocated",
 ) -> tuple[TelemetryConfig, object] | None:
     """(settings, the front end's RequestTracer) when tracing is on; None when off (OpenTelemetry is
     then never imported). A bad setting is a UsageError."""
@@ -168,12 +183,53 @@ def _telemetry(
         )
         if tele is None:
             return None
+        tele.role = role
         from instrumentation.request_spans import open_frontend
 
         return tele, open_frontend(tele)
     except ValueError as e:  # TelemetryError is one
         listener.close()
         raise UsageError(str(e)) from None
+
+
+def _run_router(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    settings: ServerSettings,
+    listener: socket.socket,
+    dis: dict[str, object],
+    tele: tuple[TelemetryConfig, object] | None,
+) -> int:
+    """`--disagg`: the router (this process) and its workers (engine/disagg/launch.py)."""
+    worker_tele = dict(tele[0].to_dict(), endpoint=args.otlp_endpoint) if tele else None
+    try:
+        return asyncio.run(launch.serve_router(config, settings, listener, dis, worker_tele, args.kv_host))
+    except _Terminated:
+        return 0
+    finally:
+        listener.close()
+        _close_telemetry(settings)
+
+
+def _run_worker(args: argparse.Namespace, config: EngineConfig, dis: dict[str, object]) -> int:
+    """`--role prefill|decode --router HOST:PORT`: one worker that registers (and re-registers)."""
+    try:
+        tele = telemetry_config(args.otlp_endpoint, model=args.served_model_name or config.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if tele is not None:
+        tele.role = args.role
+    options = {
+        "role": args.role,
+        "router": args.router,
+        "engine": dataclasses.asdict(config),
+        "kv_host": args.kv_host,
+        "kv_timeout_s": dis["kv_timeout_s"],
+        "rejoin": True,
+        "event_sink": CORE_SINK if tele else None,
+        "telemetry": tele.to_dict() if tele else None,
+    }
+    return launch.run_worker(options)
 
 
 def _close_telemetry(settings: ServerSettings) -> None:

@@ -44,6 +44,7 @@ from engine.request import EngineRequest
 from engine.tokenizer import IncrementalDetokenizer, get_tokenizer
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from engine.engine_client import EngineClient
     from instrumentation.request_spans import RequestTrace, RequestTracer
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body beyond this is refused with 413 before it is parsed
@@ -75,17 +76,23 @@ class _Tally:
     trace: RequestTrace | None = None  # the request's span, when tracing is on
     error: str | None = None
     rpc_delay: RpcDelay | None = None  # core produced a token -> front end received it
+    output_queue: object = None  # the client's queue; a disaggregated one also carries kv_transfer_ns
 
 
 class OpenAIServer:
     """Route handlers and the state they share. `build_app` wires them into FastAPI."""
 
     def __init__(
-        self, core: CoreProcess, settings: ServerSettings, on_core_exit: Callable[[str], None]
+        self,
+        core: CoreProcess | None,
+        settings: ServerSettings,
+        on_core_exit: Callable[[str], None],
+        client: EngineClient | None = None,
     ) -> None:
         self.settings = settings
-        self.info = core.ready.info
-        self.client = AsyncEngineClient(core, on_core_exit)
+        # The engine behind the API: the local core process, or another client (engine/engine_client.py).
+        self.client = client if client is not None else AsyncEngineClient(core, on_core_exit)
+        self.info = core.ready.info if core is not None else self.client.info
         self.tokenizer = get_tokenizer(str(self.info["model"]), int(self.info["vocab_size"]))
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
@@ -97,7 +104,9 @@ class OpenAIServer:
 
     # -- plain routes --------------------------------------------------------------------------
     async def health(self) -> Response:
-        return Response(status_code=200 if self.client.alive else 503)
+        status = 200 if self.client.alive else 503
+        report = getattr(self.client, "health_report", None)  # a router lists its workers
+        return JSONResponse(report(), status_code=status) if report else Response(status_code=status)
 
     async def models(self) -> dict[str, object]:
         card = {
@@ -112,6 +121,8 @@ class OpenAIServer:
 
     async def metrics_text(self) -> PlainTextResponse:
         text = self.metrics.render(self.client.stats, self.client.num_inflight)
+        extra = getattr(self.client, "extra_metrics", None)
+        text += extra() if extra else ""
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- admin -----------------------------------------------------------------------------------
@@ -195,7 +206,7 @@ class OpenAIServer:
             engine_req.trace_context = trace.traceparent
         tally = _Tally(len(prompt_ids), arrival_ns / 1e9, trace=trace)
         queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
-        tally.rpc_delay = queue.rpc_delay
+        tally.rpc_delay, tally.output_queue = queue.rpc_delay, queue
         finish = functools.partial(self._finish, rid, tally)
         deltas = self._generate(queue, gen.stop, tally, finish)
         if gen.stream:
@@ -336,6 +347,7 @@ class OpenAIServer:
         if tally.trace is not None:
             if tally.rpc_delay is not None and tally.rpc_delay.count:
                 tally.trace.span.set_attributes(_rpc_attributes(tally.rpc_delay))
+            tally.trace.kv_transfer_ns = getattr(tally.output_queue, "kv_transfer_ns", 0)
             self.telemetry.finish(tally.trace, reason, tally.error)
 
     async def _sse(
@@ -424,7 +436,11 @@ def _rpc_attributes(delay: RpcDelay) -> dict[str, float]:
 
 
 def _core_error(e: CoreError) -> APIError:
-    """The core refused the request (400), or the core is gone (500)."""
+    """The core refused the request (400), the core is gone (500), or a status the client chose (503:
+    no healthy worker of a role, when disaggregated)."""
+    status = getattr(e, "status", None)
+    if status:
+        return APIError(status, str(e), type="server_error")
     return APIError(500, str(e), type="server_error") if e.fatal else APIError(400, str(e))
 
 
@@ -433,9 +449,15 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def build_app(core: CoreProcess, settings: ServerSettings, on_core_exit: Callable[[str], None]) -> FastAPI:
-    """The FastAPI app over a started core process. `on_core_exit(reason)` runs if the core dies."""
-    server = OpenAIServer(core, settings, on_core_exit)
+def build_app(
+    core: CoreProcess | None,
+    settings: ServerSettings,
+    on_core_exit: Callable[[str], None],
+    client: EngineClient | None = None,
+) -> FastAPI:
+    """The FastAPI app over a started core process (`on_core_exit(reason)` runs if it dies), or over
+    another engine client (`core` None: the disaggregated router's, engine/disagg/router.py)."""
+    server = OpenAIServer(core, settings, on_core_exit, client)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -57,6 +57,7 @@ class RequestTrace:
     itl_max_ns: int = 0
     itl_count: int = 0
     finished: bool = False
+    kv_transfer_ns: int = 0  # disaggregated: prefill's first token -> decode worker's commit (docs/disagg.md)
 
     def observe(self, out: object) -> None:
         """Take what a `RequestOutput` says; the inter-token gaps are those of the core's clock."""
@@ -175,6 +176,8 @@ class RequestTracer:
             A.PREEMPTIONS: rt.num_preemptions,
             A.ITL_COUNT: rt.itl_count,
         }
+        if "kv_transfer" in lat:
+            attrs[A.KV_TRANSFER_S] = lat["kv_transfer"]
         for key, name in (
             (A.GEN_AI_LATENCY_QUEUE, "queue"),
             (A.GEN_AI_LATENCY_PREFILL, "prefill"),
@@ -258,7 +261,12 @@ def _latencies(rt: RequestTrace, finished_ns: int) -> dict[str, float]:
     if rt.first_scheduled_ns:
         lat["queue"] = (rt.first_scheduled_ns - rt.arrival_ns) / 1e9
     if rt.first_scheduled_ns and rt.first_token_ns:
-        lat["prefill"] = (rt.first_token_ns - rt.first_scheduled_ns) / 1e9
+        # Disaggregated, the first token reaches the client when the decode worker has the KV: TTFT =
+        # queue + prefill + kv_transfer, the transfer being the part not hidden behind the prefill.
+        kv_ns = min(rt.kv_transfer_ns, rt.first_token_ns - rt.first_scheduled_ns)
+        if rt.kv_transfer_ns:
+            lat["kv_transfer"] = kv_ns / 1e9
+        lat["prefill"] = (rt.first_token_ns - rt.first_scheduled_ns - kv_ns) / 1e9
         lat["ttft"] = (rt.first_token_ns - rt.arrival_ns) / 1e9
         lat["decode"] = (rt.last_token_ns - rt.first_token_ns) / 1e9
     return lat
