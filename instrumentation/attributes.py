@@ -52,6 +52,8 @@ CHUNK_TOKENS = "stepscope.prefill.chunk_tokens"
 KV_TRANSFER_BYTES = "stepscope.kv_transfer.bytes"
 KV_TRANSFER_BLOCKS = "stepscope.kv_transfer.blocks"
 KV_TRANSFER_BANDWIDTH = "stepscope.kv_transfer.bandwidth_bytes_per_s"
+KV_TRANSFER_SIDE = "stepscope.kv_transfer.side"  # send (prefill worker) | receive (decode worker)
+KV_TRANSFER_PEER = "stepscope.kv_transfer.peer"  # send side: the decode worker's KV address
 
 # --- engine.step attributes --------------------------------------------------------------------
 STEP_ID = "stepscope.step.id"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from engine.events import Event, RequestEvent, ScheduledChunk, StepEvent
 from instrumentation import attributes as A
@@ -73,7 +73,7 @@ class StepTracer:
         for ev in events:
             if isinstance(ev, StepEvent):
                 self._step(ev)
-            elif ev.kind == "arrived":
+            elif ev.kind in ("arrived", "committed"):  # committed: a decode worker's request (docs/disagg.md)
                 self._arrived(ev)
             elif ev.kind == "scheduled":
                 self._scheduled(ev)
@@ -81,6 +81,8 @@ class StepTracer:
                 self._preempted(ev)
             elif ev.kind == "finished":
                 self._finished(ev)
+            elif ev.kind == "kv_transfer":
+                self._kv_transfer(ev)
 
     # -- requests ------------------------------------------------------------------------------
     def _arrived(self, ev: RequestEvent) -> None:
@@ -89,7 +91,8 @@ class StepTracer:
             return  # no llm_request to hang phases on (a request nobody traced)
         held = None if parent.trace_flags.sampled else []
         ctx = trace.set_span_in_context(NonRecordingSpan(parent))
-        self.requests[ev.req_id] = _Request(parent, ctx, ev.ts_ns, held=held)
+        queue_start = ev.ts_ns if ev.kind == "arrived" else -1  # committed: it queued on the prefill worker
+        self.requests[ev.req_id] = _Request(parent, ctx, queue_start, held=held)
 
     def _scheduled(self, ev: RequestEvent) -> None:
         req = self.requests.get(ev.req_id)
@@ -110,7 +113,7 @@ class StepTracer:
             return
         if req.queue_start_ns >= 0:  # aborted while waiting
             self._phase(req, (A.SPAN_QUEUE, req.queue_start_ns, ev.ts_ns, {}))
-        if ev.first_token_ns:
+        if ev.first_token_ns and ev.finish_reason != "handoff":  # a prefill worker decodes nothing
             attrs = {
                 A.DECODE_TOKENS: max(ev.num_output_tokens - 1, 0),
                 A.ITL_COUNT: ev.itl_count,
@@ -124,6 +127,29 @@ class StepTracer:
             if slow or ev.finish_reason == "abort":
                 for spec in req.held:
                     self._build(req, spec)
+
+    def _kv_transfer(self, ev: object) -> None:
+        """A KV transfer (engine/disagg/handoff.py's KVTransferEvent), one span per side under llm_request.
+        Kept when the request was head-sampled (the transfer may outlive the prefill side's request)."""
+        parent = parse_traceparent(ev.trace_context)
+        if parent is None or not parent.trace_flags.sampled:
+            return
+        attrs = {
+            A.KV_TRANSFER_SIDE: ev.side,
+            A.KV_TRANSFER_BYTES: ev.kv_bytes,
+            A.KV_TRANSFER_BLOCKS: ev.num_blocks,
+            A.KV_TRANSFER_BANDWIDTH: ev.bandwidth_bytes_per_s,
+        }
+        if ev.peer:
+            attrs[A.KV_TRANSFER_PEER] = ev.peer
+        to_epoch = self.config.to_epoch_ns
+        ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+        span = self.tracer.start_span(
+            A.SPAN_KV_TRANSFER, context=ctx, attributes=attrs, start_time=to_epoch(ev.start_ns)
+        )
+        if ev.error:
+            span.set_status(Status(StatusCode.ERROR, ev.error))
+        span.end(end_time=to_epoch(max(ev.end_ns, ev.start_ns)))
 
     def _phase(self, req: _Request, spec: _PhaseSpec) -> None:
         if req.held is None:

@@ -208,7 +208,12 @@ class DisaggClient:
     def health_report(self) -> dict[str, object]:
         roles = {role: self._count(role) for role in ROLES}
         workers = [w.report() for w in self.workers] + self.gone
-        return {"status": "ok" if self.alive else "unhealthy", "healthy_workers": roles, "workers": workers}
+        return {
+            "status": "ok" if self.alive else "unhealthy",
+            "healthy_workers": roles,
+            "register": f"{self.host}:{self.port}",  # where workers (`serve --role ... --router`) connect
+            "workers": workers,
+        }
 
     def extra_metrics(self) -> str:
         """Prometheus lines of the disaggregated deployment (appended to /metrics)."""
