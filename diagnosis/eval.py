@@ -129,7 +129,10 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float) -> dict
     if not (out / "truth.json").exists():
         shutil.rmtree(out, ignore_errors=True)  # a run cut short: start it again
         cfg = dataclasses.replace(base, out=out, fault=case.fault, value=case.value, seed=case.seed)
-        run_scenario(cfg, capacity_rps)
+        try:
+            run_scenario(cfg, capacity_rps)
+        except RuntimeError as e:  # a process that would not start: score it as missed, retry on resume
+            return score_case(case, None, {"error": str(e)})
     result = score_case(case, out, _diagnose_in_child(out))
     done.write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -162,12 +165,12 @@ def diagnose_run(run_dir: Path) -> dict[str, Any]:
         source.close()
 
 
-def score_case(case: Case, run_dir: Path, diagnoses: dict[str, Any]) -> dict[str, Any]:
-    """One case's line of the scoreboard, for both modes."""
-    truth = json.loads((run_dir / "truth.json").read_text())
+def score_case(case: Case, run_dir: Path | None, diagnoses: dict[str, Any]) -> dict[str, Any]:
+    """One case's line of the scoreboard, for both modes (`run_dir` None: the run failed)."""
+    truth = json.loads((run_dir / "truth.json").read_text()) if run_dir else {"onset": None}
     result: dict[str, Any] = {
         "case": case.name, "fault": case.fault, "value": case.value, "seed": case.seed,
-        "expected": case.expected, "run_dir": str(run_dir), "onset": truth["onset"],
+        "expected": case.expected, "run_dir": str(run_dir or ""), "onset": truth["onset"],
         "requests_stored": truth.get("requests_stored"),
     }  # fmt: skip
     if "error" in diagnoses:

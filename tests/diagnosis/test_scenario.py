@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,40 @@ def test_a_short_scenario_writes_truth_and_stores_the_run(tmp_path: Path):
     after = json.loads(facts.stdout)["after"]
     assert after["requests"] > 0 and after["steps"] > 0
     assert after["rpc_delay_mean"] is not None  # the front end's measure reached the requests table
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_ctrl_c_stops_every_process_the_scenario_started(tmp_path: Path):
+    cmd = [sys.executable, "-m", "stepscope", "scenario", "run", "--model", "tiny", "--rate", "2"]
+    cmd += ["--duration", "60", "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "server.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "Application startup complete" not in (
+        log.read_text() if log.exists() else ""
+    ):
+        time.sleep(0.2)
+    kids = _children(proc.pid)
+    assert len(kids) == 2  # the collector and the server
+    time.sleep(1.0)  # into the load
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert not [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in _state(k)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
