@@ -12,7 +12,8 @@ Values are clamped to [-127, 127]: symmetric, -128 unused.
 Kernels, chosen at run time by the activation's device (`int8_matmul`):
 - CPU: `torch._weight_int8pack_mm(x_bf16, w_int8, scales_bf16)`; activations are cast to bf16 at the
   op boundary and back (fp32 activations into this op are several times slower, docs/engine.md).
-  Only for K a multiple of `PACK_K_MULTIPLE`; other shapes take the dequantizing path below.
+  Only for K a multiple of `PACK_K_MULTIPLE` and at most `PACK_MAX_ROWS` rows (decode-sized batches);
+  other shapes take the dequantizing path below.
 - CUDA (and anything else): dequantize on the fly, `F.linear(x, w_int8.to(x.dtype)) * scales`, the
   gpt-fast formulation that torch.compile fuses into one kernel. Not measured here (no GPU).
 
@@ -34,6 +35,9 @@ _MIN_SCALE = 1e-10  # an all-zero row or token gets this scale (its int8 values 
 # torch 2.13's CPU `_weight_int8pack_mm` returns garbage or crashes unless K is a multiple of 16 (seen
 # with K = 8, 24, 40, 100, 172 on AVX2); 64 leaves a margin for wider vector units. Other K: dequantize.
 PACK_K_MULTIPLE = 64
+# The packed kernel wins while the matmul is memory-bound (decode: a few rows); on long prefill chunks its
+# bf16 arithmetic (emulated on AVX2) loses to dequantize-then-fp32-matmul. Crossover measured at 64-128 rows.
+PACK_MAX_ROWS = 64
 
 
 def resolve_model_dtype(dtype: str, weight_dtype: str, device: torch.device) -> torch.dtype:
@@ -85,7 +89,7 @@ def dequantize_kv(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> 
 
 def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] float, w_int8 [N, K], scales [N] bf16 -> [M, N] in x's dtype; the kernel by device."""
-    if x.device.type == "cpu" and w_int8.shape[1] % PACK_K_MULTIPLE == 0:
+    if x.device.type == "cpu" and w_int8.shape[1] % PACK_K_MULTIPLE == 0 and x.shape[0] <= PACK_MAX_ROWS:
         return torch._weight_int8pack_mm(x.to(torch.bfloat16), w_int8, scales).to(x.dtype)
     return F.linear(x, w_int8.to(x.dtype)) * scales.to(x.dtype)
 

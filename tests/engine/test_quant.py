@@ -69,17 +69,19 @@ def test_kv_round_trip_error_is_at_most_half_a_step_per_token_and_head() -> None
     assert err[0].max() < 0.05
 
 
-@pytest.mark.parametrize("in_features", [256, 172])  # 172: not a multiple the CPU kernel takes
-def test_int8_linear_matches_the_dequantized_matmul(in_features: int) -> None:
+# each kernel path: the packed CPU kernel (K a multiple of 64, a decode-sized batch), K it refuses,
+# and a prefill-sized batch that dequantizes instead
+@pytest.mark.parametrize(("in_features", "rows"), [(256, 3), (172, 3), (256, 30)])
+def test_int8_linear_matches_the_dequantized_matmul(in_features: int, rows: int) -> None:
     g = torch.Generator().manual_seed(2)
     linear = torch.nn.Linear(in_features, 80, bias=True)
     with torch.no_grad():
         linear.weight.normal_(0, 0.05, generator=g)
     q = Int8Linear.from_linear(linear)
-    x = torch.randn(3, 5, in_features, generator=g)  # [B, T, K]: 3-D activations work too
+    x = torch.randn(rows, 5, in_features, generator=g)  # [B, T, K]: 3-D activations work too
     expected = F.linear(x, dequantize_weight(q.weight, q.scales, torch.float32), linear.bias)
     out = q(x)
-    assert out.shape == (3, 5, 80) and out.dtype == torch.float32
+    assert out.shape == (rows, 5, 80) and out.dtype == torch.float32
     # bf16 activations and output on the CPU kernel: about 3 significant digits
     torch.testing.assert_close(out, expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
 
