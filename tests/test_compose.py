@@ -9,6 +9,8 @@ compose-spec JSON schema and every reference in it is checked against the code i
 - every `depends_on` target exists, is not in a profile the dependent lacks, and has a healthcheck when the
   condition is `service_healthy`;
 - named volumes are declared, bind-mounted files exist, the alert rules file loads;
+- disaggregated workers join a router's worker port, and decode workers advertise a KV address that the
+  other containers can reach;
 - the Dockerfile copies every package pyproject.toml installs.
 """
 
@@ -110,21 +112,23 @@ def validate(sub: str, args: argparse.Namespace) -> None:
         build_config(args)
 
 
+def option(svc: dict[str, Any], flag: str) -> str | None:
+    argv = stepscope_command(svc) or []
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
 def listen_port(name: str, svc: dict[str, Any]) -> int | None:
-    argv = stepscope_command(svc)
-    if argv is None:
-        return None
-    if "--port" not in argv:
-        return None
-    return int(argv[argv.index("--port") + 1])
+    port = option(svc, "--port")
+    return None if port is None else int(port)
 
 
 def ports_of(services: dict[str, dict[str, Any]]) -> dict[str, set[int]]:
+    """What each service listens on: --port, a router's --worker-port, or the image's port."""
     out = {name: set(IMAGE_PORTS.get(name, set())) for name in services}
     for name, svc in services.items():
-        port = listen_port(name, svc)
-        if port is not None:
-            out[name].add(port)
+        for flag in ("--port", "--worker-port"):
+            if option(svc, flag) is not None:
+                out[name].add(int(option(svc, flag)))
     return out
 
 
@@ -253,3 +257,22 @@ def test_the_dockerfile_copies_every_installed_package() -> None:
         package = pattern.rstrip("*")
         assert package in copied, f"the Dockerfile does not copy {package}/"
     assert re.search(r"^ARG TORCH_INDEX_URL=\S+/cpu$", dockerfile, re.M), "the CPU torch build is the default"
+
+
+def test_disaggregated_workers_join_the_router_and_advertise_reachable_kv_addresses(services) -> None:
+    disagg = {n: svc for n, svc in services.items() if "disagg" in svc.get("profiles", [])}
+    routers = {n for n, svc in disagg.items() if "--disagg" in stepscope_command(svc)}
+    workers = {n: option(svc, "--role") for n, svc in disagg.items() if option(svc, "--role")}
+    assert routers and sorted(workers.values()) == ["decode", "prefill"], disagg
+    models = {option(svc, "--model") for svc in disagg.values()}
+    assert len(models) == 1, f"router and workers serve different models: {models}"
+    for name in workers:
+        host, _, port = option(disagg[name], "--router").rpartition(":")
+        assert host in routers, f"{name} joins {host}, which is not a router"
+        assert option(disagg[host], "--worker-port") == port, (
+            f"{name} joins {host}:{port}: not its worker port"
+        )
+        assert host in disagg[name]["depends_on"], f"{name} starts before its router"
+    for name, svc in disagg.items():  # whoever runs a decode worker binds its KV port on its own name
+        if workers.get(name) == "decode" or name in routers:
+            assert option(svc, "--kv-host") == svc.get("hostname") == name, name
