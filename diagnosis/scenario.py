@@ -46,6 +46,7 @@ class Fault:
     shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
     limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
     engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
+    serve_args: tuple[str, ...] = ()  # `stepscope serve` options the run needs from its start
 
 
 FAULTS: dict[str, Fault] = {
@@ -100,6 +101,14 @@ FAULTS: dict[str, Fault] = {
             400,
             (200, 600),
             engine=lambda v: {"rpc_codec": f"slow:{int(v)}"},
+        ),
+        Fault(
+            "weight_quant_off",
+            "an int8-weight engine switched to full-precision weights (the wrong checkpoint)",
+            None,
+            (None, None),
+            engine=lambda v: {"weight_quant_off": True},
+            serve_args=("--weight-dtype", "int8"),  # healthy half int8, the fault half fp32
         ),
     )
 }
@@ -157,6 +166,7 @@ class ScenarioConfig:
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--num-kv-blocks", str(self.num_kv_blocks),
             "--num-threads", str(self.num_threads),
+            *(FAULTS[self.fault].serve_args if self.fault in FAULTS else ()),
         ]  # fmt: skip
 
 

@@ -109,7 +109,14 @@ def test_admin_faults_endpoint_is_token_protected_and_validates(server: Server):
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     assert httpx.post(url, json={"scheduler_stall_ms": 10}).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
-    for bad in ({"scheduler_stall_ms": -5}, {"rpc_codec": "zstd"}, {"stall": 1}, {"scheduler_stall_ms": "x"}):
+    bad_bodies = (
+        {"scheduler_stall_ms": -5},
+        {"rpc_codec": "zstd"},
+        {"stall": 1},
+        {"scheduler_stall_ms": "x"},
+        {"weight_quant_off": True},  # this engine serves no int8 weights
+    )
+    for bad in bad_bodies:
         r = httpx.post(url, json=bad, headers=auth)
         assert r.status_code == 400, (bad, r.text)
         assert r.json()["error"]["message"]
@@ -117,6 +124,7 @@ def test_admin_faults_endpoint_is_token_protected_and_validates(server: Server):
         "scheduler_stall_ms": 0.0,
         "rpc_codec": "binary",
         "kv_transfer_mbps": 0.0,
+        "weight_quant_off": False,
     }
 
 
@@ -125,7 +133,12 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     r = httpx.post(url, json={"scheduler_stall_ms": 20, "rpc_codec": "slow:4"}, headers=auth)
     assert r.status_code == 200, r.text
-    assert r.json() == {"scheduler_stall_ms": 20, "rpc_codec": "slow:4", "kv_transfer_mbps": 0.0}
+    assert r.json() == {
+        "scheduler_stall_ms": 20,
+        "rpc_codec": "slow:4",
+        "kv_transfer_mbps": 0.0,
+        "weight_quant_off": False,
+    }
     body = {"prompt": "hello", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 24
@@ -133,6 +146,7 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
         "scheduler_stall_ms": 0.0,
         "rpc_codec": "binary",
         "kv_transfer_mbps": 0.0,
+        "weight_quant_off": False,
     }
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200

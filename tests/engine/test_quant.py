@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +30,10 @@ from engine.attention import (
 )
 from engine.config import EngineConfig, ModelConfig, SamplingParams, preset
 from engine.core import EngineCore
+from engine.core_proc import Channel, CoreLoop
 from engine.faults import EngineFaults, FaultSettings
 from engine.model import build_model
+from engine.protocol import AdminReply, FaultSet, get_codec
 from engine.quant import (
     Int8KVCache,
     Int8Linear,
@@ -190,6 +194,28 @@ def test_weight_quant_off_switches_to_full_precision_and_back() -> None:
         0
     ].bytes_read
     assert tokens_back == tokens_int8  # the very same int8 modules came back
+
+
+def test_weight_quant_off_reaches_the_core_through_the_admin_message() -> None:
+    core = EngineCore(EngineConfig(model="tiny", weight_dtype="int8", num_kv_blocks=8))
+    ours, theirs = socket.socketpair()
+    loop = CoreLoop(core, Channel(theirs, get_codec()))
+    front = Channel(ours, get_codec())
+    loop.apply(FaultSet(1, {"weight_quant_off": True}))
+    reply = front.receive(block=True, timeout=10)[0]
+    assert isinstance(reply, AdminReply) and reply.ok and reply.payload["weight_quant_off"] is True
+    assert core.weight_dtype == "fp32"
+    ours.close()
+    theirs.close()
+
+
+def test_the_scenario_serves_int8_weights_for_the_weight_quant_off_fault(tmp_path: Path) -> None:
+    from diagnosis.scenario import FAULTS, ScenarioConfig
+
+    args = ScenarioConfig(out=tmp_path, fault="weight_quant_off").engine_args()
+    assert args[args.index("--weight-dtype") + 1] == "int8"
+    assert "--weight-dtype" not in ScenarioConfig(out=tmp_path).engine_args()
+    assert FAULTS["weight_quant_off"].engine(0.0) == {"weight_quant_off": True}  # type: ignore[misc]
 
 
 def test_weight_quant_off_is_refused_on_an_engine_without_int8_weights() -> None:
