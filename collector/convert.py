@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from collector.otlp import PayloadError
 from collector.traces import SPAN_KINDS, STATUS_CODES, TRACE_COLUMNS, spans_table
 from collector.values import ZERO_SPAN, ZERO_TRACE, attrs, float_str, hex_id, value_str
 
@@ -137,7 +138,10 @@ class Batch:
 def traces(request: Any) -> Batch:
     """ExportTraceServiceRequest -> rows for otel_traces. Spans without a valid trace or span id are
     rejected (counted, with a reason), the rest are kept."""
-    table, bad = spans_table(request)
+    try:
+        table, bad = spans_table(request)
+    except OverflowError:  # DateTime64(9) ends in 2262: a time past it is no time a span can have
+        raise PayloadError("a span or event time is past the year 2262") from None
     batch = Batch(tables={"otel_traces": table}, columns={"otel_traces": TRACE_COLUMNS})
     if bad:
         batch.rejected = bad
@@ -329,8 +333,8 @@ def merge(batches: list[Batch]) -> Batch:
         out.errors.extend(b.errors)
     for table, pieces in parts.items():
         if isinstance(pieces[0], pa.Table):
-            # one contiguous block: ClickHouse then makes one part per insert, not one per request
-            out.tables[table] = pa.concat_tables(pieces).combine_chunks()
+            # one contiguous block, each dictionary column with one dictionary of distinct values
+            out.tables[table] = pa.concat_tables(pieces).unify_dictionaries().combine_chunks()
         else:
             out.tables[table] = [list(chain.from_iterable(cols)) for cols in zip(*pieces, strict=True)]
     return out

@@ -56,12 +56,20 @@ SPAN_KINDS = (
     "SPAN_KIND_CONSUMER",
 )
 STATUS_CODES = ("STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR")
+_KIND_NAMES = pa.array([*SPAN_KINDS, ""])  # "" for a kind OTLP does not define
+_STATUS_NAMES = pa.array([*STATUS_CODES, ""])
 
 _STR = pa.string()
 _NS = pa.timestamp("ns")  # DateTime64(9) in ClickHouse
 _MAP = pa.map_(_STR, _STR)  # Map(LowCardinality(String), String)
+_DICT = pa.dictionary(pa.int32(), _STR)
 _TYPES = {  # every other column is a String
     "Timestamp": _NS,
+    "SpanKind": _DICT,
+    "ServiceName": _DICT,
+    "ScopeName": _DICT,
+    "ScopeVersion": _DICT,
+    "StatusCode": _DICT,
     "ResourceAttributes": _MAP,
     "SpanAttributes": _MAP,
     "Duration": pa.uint64(),
@@ -97,6 +105,19 @@ class _FlatMaps:
         )
 
 
+def _dictionary(indices: list[int] | pa.Array, names: list[str] | pa.Array) -> pa.DictionaryArray:
+    # A column with few distinct values as indices into them, so that Arrow encodes each distinct string
+    # once, not once per row. ClickHouse reads a dictionary into String and LowCardinality alike, but
+    # refuses one with repeated values, hence dictionary_encode().
+    encoded = pa.array(names, _STR).dictionary_encode()
+    return pa.DictionaryArray.from_arrays(encoded.indices.take(indices), encoded.dictionary)
+
+
+def _timestamps(ns: list[int]) -> pa.Array:
+    # Python ints -> int64 is a plain copy; straight to timestamp[ns] Arrow takes a ten times slower path
+    return pa.array(ns, pa.int64()).view(_NS)
+
+
 def _list_array(offsets: list[int], values: pa.Array) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
@@ -105,7 +126,12 @@ def spans_table(request: Any) -> tuple[pa.Table, int]:
     """The otel_traces rows of one export request, and how many spans were rejected (no valid 16-byte
     trace id and 8-byte span id)."""
     resources = _FlatMaps()
-    resource_of_row: list[int] = []
+    # per scope (one entry per ScopeSpans): its resource, service, name, version; each row points at one
+    scope_resource: list[int] = []
+    scope_service: list[str] = []
+    scope_name: list[str] = []
+    scope_version: list[str] = []
+    scope_of_row: list[int] = []
     ts: list[int] = []
     tid: list[str] = []
     sid: list[str] = []
@@ -113,9 +139,6 @@ def spans_table(request: Any) -> tuple[pa.Table, int]:
     tstate: list[str] = []
     name: list[str] = []
     kind: list[str] = []
-    svc: list[str] = []
-    scname: list[str] = []
-    scver: list[str] = []
     sattr = _FlatMaps()
     dur: list[int] = []
     scode: list[str] = []
@@ -132,7 +155,11 @@ def spans_table(request: Any) -> tuple[pa.Table, int]:
         resources.add(resource)
         service = resource.get("service.name", "")
         for ss in rs.scope_spans:
-            scope_name, scope_version = ss.scope.name, ss.scope.version
+            scope_index = len(scope_name)
+            scope_resource.append(resource_index)
+            scope_service.append(service)
+            scope_name.append(ss.scope.name)
+            scope_version.append(ss.scope.version)
             kept = 0
             for span in ss.spans:
                 trace_id, span_id = span.trace_id, span.span_id
@@ -150,11 +177,11 @@ def spans_table(request: Any) -> tuple[pa.Table, int]:
                 tstate.append(span.trace_state)
                 name.append(span.name)
                 k = span.kind
-                kind.append(SPAN_KINDS[k] if 0 <= k < 6 else "")
+                kind.append(k if 0 <= k < 6 else 6)  # an index into _KIND_NAMES
                 add_sattr(attrs(span.attributes))
                 status = span.status
                 code = status.code
-                scode.append(STATUS_CODES[code] if 0 <= code < 3 else "")
+                scode.append(code if 0 <= code < 3 else 3)  # an index into _STATUS_NAMES
                 smsg.append(status.message)
                 events = span.events
                 if events:
@@ -172,29 +199,26 @@ def spans_table(request: Any) -> tuple[pa.Table, int]:
                         ln_state.append(link.trace_state)
                         ln_attr.add(attrs(link.attributes))
                 ln_off.append(len(ln_tid))
-            # per-scope and per-resource values repeat for every kept span of the scope
-            svc.extend([service] * kept)
-            scname.extend([scope_name] * kept)
-            scver.extend([scope_version] * kept)
-            resource_of_row.extend([resource_index] * kept)
+            scope_of_row.extend([scope_index] * kept)
 
+    scopes = pa.array(scope_of_row, pa.int32())
     columns = [
-        pa.array(ts, _NS),
+        _timestamps(ts),
         pa.array(tid, _STR),
         pa.array(sid, _STR),
         pa.array(psid, _STR),
         pa.array(tstate, _STR),
         pa.array(name, _STR),
-        pa.array(kind, _STR),
-        pa.array(svc, _STR),
-        resources.array().take(pa.array(resource_of_row, pa.int32())),
-        pa.array(scname, _STR),
-        pa.array(scver, _STR),
+        _dictionary(pa.array(kind, pa.int32()), _KIND_NAMES),
+        _dictionary(scopes, scope_service),
+        resources.array().take(pa.array(scope_resource, pa.int32()).take(scopes)),
+        _dictionary(scopes, scope_name),
+        _dictionary(scopes, scope_version),
         sattr.array(),
         pa.array(dur, pa.uint64()),
-        pa.array(scode, _STR),
+        _dictionary(pa.array(scode, pa.int32()), _STATUS_NAMES),
         pa.array(smsg, _STR),
-        _list_array(ev_off, pa.array(ev_ts, _NS)),
+        _list_array(ev_off, _timestamps(ev_ts)),
         _list_array(ev_off, pa.array(ev_name, _STR)),
         _list_array(ev_off, ev_attr.array()),
         _list_array(ln_off, pa.array(ln_tid, _STR)),
