@@ -88,6 +88,7 @@ class KVSender:
         self.kv_bytes_sent = 0
         self.transfers_sent = 0
         self.transfers_failed = 0
+        self.transfers_aborted = 0
         self._records: dict[str, SendRecord] = {}
         self._queue: queue.Queue = queue.Queue()
         self._socks: dict[str, socket.socket] = {}
@@ -100,15 +101,15 @@ class KVSender:
 
     def send_blocks(self, req_id: str, first_block: int, blocks: list[LayerBlocks]) -> None:
         frame = encode_blocks(req_id, first_block, blocks)
-        self._queue.put((req_id, frame, num_tensor_bytes(blocks), blocks[0][0].shape[1], False))
+        self._queue.put((req_id, frame, num_tensor_bytes(blocks), blocks[0][0].shape[1], ""))
 
     def send_done(self, done: DoneFrame) -> None:
         """The request's last frame; `on_done` follows once it is written."""
-        self._queue.put((done.req_id, [encode_done(done)], 0, 0, True))
+        self._queue.put((done.req_id, [encode_done(done)], 0, 0, "done"))
 
     def send_abort(self, req_id: str, reason: str) -> None:
         """End the request's stream without a DONE (the prefill worker dropped it)."""
-        self._queue.put((req_id, [encode_abort(req_id, reason)], 0, 0, True))
+        self._queue.put((req_id, [encode_abort(req_id, reason)], 0, 0, "abort"))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -135,13 +136,16 @@ class KVSender:
                     print(f"stepscope worker: {rec.error}", file=sys.stderr)
                 rec.busy_ns += time.monotonic_ns() - start
             if last:
-                self._finish(rec)
+                self._finish(rec, aborted=last == "abort")
 
-    def _finish(self, rec: SendRecord) -> None:
+    def _finish(self, rec: SendRecord, aborted: bool) -> None:
         self._records.pop(rec.req_id, None)
         rec.end_ns = time.monotonic_ns()
         if rec.error:
             self.transfers_failed += 1
+        elif aborted:  # ended without a DONE: not a transfer, no span
+            self.transfers_aborted += 1
+            return
         else:
             self.transfers_sent += 1
         self.on_done(rec)

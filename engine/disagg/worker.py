@@ -79,7 +79,6 @@ class WorkerLoop(CoreLoop):
         self.pending: collections.deque[EngineRequest] = collections.deque()  # no room to reserve yet
         self.early: dict[str, list[Received]] = {}  # frames that beat their request's Add
         self.ready_outputs: list[RequestOutput] = []  # commits and refusals, sent with the next frame
-        self.kv_bytes_received = 0
         self.transfers_received = 0
         self._next_heartbeat = 0.0
 
@@ -142,11 +141,13 @@ class WorkerLoop(CoreLoop):
         """Load and KV-transfer counters for the router (picking, /metrics, /health)."""
         stats = dict(self.core.stats())
         stats.update(role=self.role, reserved=len(self.incoming), pending=len(self.pending))
-        stats.update(kv_bytes_received=self.kv_bytes_received, kv_transfers_received=self.transfers_received)
+        if self.receiver is not None:  # every KV byte that arrived (also of requests aborted meanwhile)
+            stats.update(kv_bytes_received=self.receiver.kv_bytes_received)
+            stats.update(kv_transfers_received=self.transfers_received)
         if self.sender is not None:
             s = self.sender
             stats.update(kv_bytes_sent=s.kv_bytes_sent, kv_transfers_sent=s.transfers_sent)
-            stats.update(kv_transfers_failed=s.transfers_failed)
+            stats.update(kv_transfers_failed=s.transfers_failed, kv_transfers_aborted=s.transfers_aborted)
         return stats
 
     # -- prefill side ----------------------------------------------------------------------------
@@ -239,7 +240,6 @@ class WorkerLoop(CoreLoop):
             H.write_remote_kv(self.core, req_id, frame.first_block, frame.blocks)
             inc.kv_bytes += rec.kv_bytes
             inc.num_blocks += frame.num_blocks
-            self.kv_bytes_received += rec.kv_bytes
         elif isinstance(frame, DoneFrame):
             if frame.kv_bytes != inc.kv_bytes or frame.num_blocks != inc.num_blocks:
                 raise ValueError(
