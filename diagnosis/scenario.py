@@ -103,6 +103,14 @@ FAULTS: dict[str, Fault] = {
             engine=lambda v: {"rpc_codec": f"slow:{int(v)}"},
         ),
         Fault(
+            "kv_transfer_slow",
+            "disaggregated serving: the prefill -> decode KV link throttled to MB/s (docs/disagg.md)",
+            20,
+            (30, 10),
+            engine=lambda v: {"kv_transfer_mbps": float(v)},
+            serve_args=("--disagg",),  # 1 prefill + 1 decode worker on the same cores
+        ),
+        Fault(
             "weight_quant_off",
             "an int8-weight engine switched to full-precision weights (the wrong checkpoint)",
             None,
@@ -150,6 +158,7 @@ class ScenarioConfig:
     max_num_batched_tokens: int = 256  # chunks of at most 128 prompt tokens per step
     num_kv_blocks: int = 768  # 12k tokens: a healthy run never preempts
     num_threads: int = 1  # torch threads of the core: 2 shared cores, steadier with one
+    disagg: bool = False  # serve disaggregated (router + 1 prefill + 1 decode worker, docs/disagg.md)
     drain_timeout_s: float = 20.0
     shared_fraction: float = 0.4  # of requests from the shared-system-prompt stream
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
@@ -167,6 +176,7 @@ class ScenarioConfig:
             "--num-kv-blocks", str(self.num_kv_blocks),
             "--num-threads", str(self.num_threads),
             *(FAULTS[self.fault].serve_args if self.fault in FAULTS else ()),
+            *(("--disagg",) if self.disagg and self.fault != "kv_transfer_slow" else ()),
         ]  # fmt: skip
 
 

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--load-fraction", default=str(d.load_fraction), metavar="F",
         help="fraction of the calibrated capacity (default: %(default)s)",
     )  # fmt: skip
+    run.add_argument(
+        "--disagg", action="store_true", help="serve disaggregated: router, 1 prefill + 1 decode worker"
+    )
     sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
     facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
     facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
@@ -81,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> object:
     return ScenarioConfig(
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
         seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
+        disagg=bool(getattr(args, "disagg", False)),
     )  # fmt: skip
 
 

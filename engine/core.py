@@ -54,6 +54,13 @@ def load_model(
     return model_config, build_model(model_config, device, dtype)
 
 
+def kv_block_bytes(config: EngineConfig, model_config: ModelConfig, model_dtype: torch.dtype) -> int:
+    """Bytes of one KV block across layers in the configured KV dtype (int8 counts its scales); the pool
+    is `kv_cache_bytes` // this when `num_kv_blocks` is 0."""
+    kv_dtype = torch.int8 if config.kv_dtype == "int8" else model_dtype
+    return kv_cache_bytes_per_block(model_config, config.block_size, kv_dtype)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, record_events: bool = False) -> None:
         if config.num_threads > 0:
@@ -66,9 +73,7 @@ class EngineCore:
             quantize_model(model)
         self.tokenizer: Tokenizer = get_tokenizer(config.model, self.model_config.vocab_size)
         kv_int8 = config.kv_dtype == "int8"
-        block_bytes = kv_cache_bytes_per_block(
-            self.model_config, config.block_size, torch.int8 if kv_int8 else self.dtype
-        )
+        block_bytes = kv_block_bytes(config, self.model_config, self.dtype)
         num_blocks = config.num_kv_blocks or max(config.kv_cache_bytes // block_bytes, 1)
         self.config.num_kv_blocks = num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
