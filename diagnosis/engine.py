@@ -49,8 +49,9 @@ def _interval(span: TimeRange, cfg: DiagnosisConfig) -> float:
     return max(cfg.min_interval_s, span.seconds / cfg.target_intervals)
 
 
-def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> float | None:
-    """Unix seconds of the change point inside `window` (None when the window is too short to split)."""
+def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> int | None:
+    """The interval index of the change point inside `window` (None when the window is too short to
+    split): the baseline is the intervals before it, the current side the intervals from it on."""
     lo, hi = series.index_of(window.start), series.index_of(window.end - 1e-9) + 1
     columns = []
     for name in _SPLIT_LOG + _SPLIT_LINEAR:
@@ -60,7 +61,7 @@ def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> f
         columns.append(x)
     min_size = max(3, int((hi - lo) * cfg.min_segment_share))
     k = stats.change_point(columns, min_size)
-    return None if k is None else series.time_of(lo + k)
+    return None if k is None else lo + k
 
 
 def diagnose(
@@ -83,17 +84,20 @@ def diagnose(
     series = F.series(source, span, _interval(span, cfg))
     source_kind = "given"
     current = window
+    intervals = None  # (first, split, end) interval indices when the sides are whole intervals
     if baseline is None:
-        split = split_window(series, window, cfg)
-        if split is None:
+        k = split_window(series, window, cfg)
+        if k is None:
             note = "the window is too short to find a change point; give a baseline window"
             return Diagnosis(window, None, notes=(note,), data={"requests": found["requests"]})
+        split = series.time_of(k)
         baseline, current, source_kind = (
             TimeRange(window.start, split),
             TimeRange(split, window.end),
             "change_point",
         )
-    facts = gather(source, baseline, current, series, cfg)
+        intervals = (series.index_of(window.start), k, len(series))
+    facts = gather(source, baseline, current, series, cfg, intervals)
     regressions = tuple(detect(facts))
     facts = dataclasses.replace(facts, regressions=regressions, decomposition=decompose(facts))
     findings: list[Finding] = []
@@ -123,15 +127,21 @@ def diagnose(
 
 
 def gather(
-    source: Source, baseline: TimeRange, current: TimeRange, series: F.Series, cfg: DiagnosisConfig
+    source: Source,
+    baseline: TimeRange,
+    current: TimeRange,
+    series: F.Series,
+    cfg: DiagnosisConfig,
+    intervals: tuple[int, int, int] | None = None,
 ) -> F.Facts:
-    """Run the per-side queries and assemble the Facts the rules read."""
+    """Run the per-side queries and assemble the Facts the rules read. With `intervals` (the sides are
+    whole intervals of `series`), step sums come from the series' step frame instead of another pass."""
     req = F.request_sides(source, baseline, current)
     sample = F.request_sample(
         source, baseline, current, req[0].get("requests", 0), req[1].get("requests", 0), cfg.sample_per_side
     )
-    steps = F.step_sides(source, baseline, current)
-    shape = F.step_shape(source, baseline, current) if steps is not None else []
+    frame = (series.steps, intervals) if intervals is not None and series.steps is not None else None
+    steps, shape = F.step_sides(source, baseline, current, frame)
     return F.Facts(current, baseline, req, sample, steps, shape, series, cfg)
 
 

@@ -11,13 +11,13 @@ import numpy as np
 
 from diagnosis import queries, stats
 from diagnosis.config import DiagnosisConfig
+from diagnosis.frame import StepFrame
 from diagnosis.model import Regression
 from diagnosis.source import Source, num
 from diagnosis.timerange import TimeRange
 
 _FAR_FUTURE_NS = 9_000_000_000_000_000_000  # 2255: "no upper bound" for DateTime64(9)
 SAMPLE_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "tpot_max_s", "queue_s", "prefill_s", "kv_transfer_s")
-STRING_SERIES = ("weight_dtype",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,7 @@ class Series:
     start: float
     interval_s: float
     columns: dict[str, np.ndarray]
+    steps: StepFrame | None = None  # the step frame the step columns were summed from, by interval
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -117,21 +118,21 @@ def series(source: Source, span: TimeRange, interval_s: float) -> Series:
     params = span_params(span) | {"t0_ms": span.start_ns // 1_000_000, "iv_ms": iv_ms}
     m = max(1, math.ceil(span.seconds * 1000 / iv_ms))
     columns: dict[str, np.ndarray] = {}
-    for sql in (queries.REQUEST_SERIES, queries.STEP_SERIES):
-        result = source.query(sql, params)
-        idx = [int(r[0]) for r in result.rows]
-        for j, name in enumerate(result.columns[1:], start=1):
-            col = np.full(m, "", dtype=object) if name in STRING_SERIES else np.full(m, np.nan)
-            for i, row in zip(idx, result.rows, strict=True):
-                if 0 <= i < m:
-                    col[i] = row[j] if name in STRING_SERIES else num(row[j])
-            columns[name] = col
-    dtypes = columns.get("weight_dtype")
-    if dtypes is not None:
-        named = [d for d in dtypes if d]
-        last = named[-1] if named else ""
-        columns["weight_dtype_is_last"] = np.array([float(d == last) if d else np.nan for d in dtypes])
-    return Series(span.start, iv_ms / 1000, columns)
+    result = source.query(queries.REQUEST_SERIES, params)
+    idx = [int(r[0]) for r in result.rows]
+    for j, name in enumerate(result.columns[1:], start=1):
+        col = np.full(m, np.nan)
+        for i, row in zip(idx, result.rows, strict=True):
+            if 0 <= i < m:
+                col[i] = num(row[j])
+        columns[name] = col
+    frame = StepFrame.from_result(source.query(queries.STEP_FRAME_BY_INTERVAL, params))
+    columns |= frame.series(m)
+    dtypes = columns["weight_dtype"]
+    named = [d for d in dtypes if d]
+    last = named[-1] if named else ""
+    columns["weight_dtype_is_last"] = np.array([float(d == last) if d else np.nan for d in dtypes])
+    return Series(span.start, iv_ms / 1000, columns, frame)
 
 
 def _two_sides(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -173,22 +174,30 @@ def request_sample(
     return tuple(empty | {k: np.asarray(v, dtype=float) for k, v in s.items()} for s in out)  # type: ignore[return-value]
 
 
-def step_sides(source: Source, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict] | None:
-    """Per-side step aggregates, or None when neither side has any step."""
-    b, c = _two_sides(source.query(queries.STEP_SIDES, side_params(baseline, current)).dicts())
+def step_sides(
+    source: Source,
+    baseline: TimeRange,
+    current: TimeRange,
+    intervals: tuple[StepFrame, tuple[int, int, int]] | None = None,
+) -> tuple[tuple[dict, dict] | None, list[dict[str, float]]]:
+    """Per-side step aggregates (None when neither side has any step) and the shape table. `intervals` is
+    (the series' step frame, (first, split, end) interval indices) when the sides are whole intervals: the
+    sums then come from that frame and only the quantiles are read again; else one frame by side."""
+    params = side_params(baseline, current)
+    if intervals is not None:
+        frame, (lo, split, hi) = intervals
+        masks = ((frame.key >= lo) & (frame.key < split), (frame.key >= split) & (frame.key < hi))
+    else:
+        frame = StepFrame.from_result(source.query(queries.STEP_FRAME_BY_SIDE, params))
+        masks = (frame.key == 0, frame.key == 1)
+    b, c = (frame.side(mask) for mask in masks)
     if not b and not c:
-        return None
-    for side, window in ((b, baseline), (c, current)):
-        for k, v in list(side.items()):
-            if k != "weight_dtype_top":
-                side[k] = num(v)
+        return None, []
+    qb, qc = _two_sides(source.query(queries.STEP_SIDE_QUANTILES, params).dicts())
+    for side, quantiles, window in ((b, qb, baseline), (c, qc, current)):
+        if side:
+            side |= {k: num(v) for k, v in quantiles.items()}
         side.setdefault("steps", 0.0)
         side.setdefault("weight_dtype_top", "")
         side["seconds"] = window.seconds
-    return b, c
-
-
-def step_shape(source: Source, baseline: TimeRange, current: TimeRange) -> list[dict[str, float]]:
-    """Rows of (side, batch_size, has_prefill, has_decode) with step counts and summed times."""
-    rows = source.query(queries.STEP_SHAPE, side_params(baseline, current)).dicts()
-    return [{k: num(v) for k, v in r.items()} for r in rows]
+    return (b, c), [row for s, mask in enumerate(masks) for row in frame.shape(mask, s)]

@@ -55,26 +55,73 @@ GROUP BY bucket
 ORDER BY bucket
 """
 
-STEP_SERIES = f"""
-SELECT {_BUCKET},
-       count() AS steps,
-       avg(duration_s) AS step_mean,
-       avgIf(gap_s, decode_tokens > 0) AS work_gap_mean,
-       avg(batch_size) AS batch_mean,
-       sum(preemptions) AS preemptions,
-       avg(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage,
-       avg(chunked_prefill) AS chunked_share,
-       maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max,
-       avg(bytes_read / greatest(batch_size, 1)) AS bytes_per_seq,
-       avg(bytes_read) AS bytes_mean,
-       avg(kv_blocks_total) AS kv_blocks_total_mean,
-       avg(max_num_seqs) AS max_num_seqs,
-       avg(num_waiting) AS waiting_mean,
-       anyHeavy(weight_dtype) AS weight_dtype
+# The step frame (diagnosis/frame.py): one pass over `steps`, grouped by a key (the interval, or the side)
+# and the step's shape, as sums; series, side aggregates and the shape table are sums over its groups. The
+# group key is packed into one UInt64 (key << 40 | batch_size << 2 | has_prefill << 1 | has_decode): one
+# fixed-size hash key is the cheapest GROUP BY, and the frame is the costliest query of a diagnosis. The
+# weight dtype is each group's heavy hitter. One row per key with each column an array over its groups
+# keeps the row count at the number of intervals (the collector API caps rows).
+_STEP_FRAME = """
+SELECT intDiv(shape, 1099511627776) AS key,
+       groupArray(intDiv(shape % 1099511627776, 4)) AS batch_size,
+       groupArray(intDiv(shape, 2) % 2) AS has_prefill,
+       groupArray(shape % 2) AS has_decode,
+       groupArray(weight_dtype) AS weight_dtype,
+       groupArray(steps) AS steps,
+       groupArray(duration_sum) AS duration_sum,
+       groupArray(gap_sum) AS gap_sum,
+       groupArray(bytes_sum) AS bytes_sum,
+       groupArray(prefill_max) AS prefill_max,
+       groupArray(preemptions) AS preemptions,
+       groupArray(kv_usage_sum) AS kv_usage_sum,
+       groupArray(kv_usage_n) AS kv_usage_n,
+       groupArray(kv_blocks_total_sum) AS kv_blocks_total_sum,
+       groupArray(chunked_sum) AS chunked_sum,
+       groupArray(max_num_seqs_sum) AS max_num_seqs_sum,
+       groupArray(max_num_seqs_max) AS max_num_seqs_max,
+       groupArray(waiting_sum) AS waiting_sum
+FROM (
+    SELECT toUInt64({key}) * 1099511627776 + batch_size * 4 + (prefill_tokens > 0) * 2 + (decode_tokens > 0)
+               AS shape,
+           anyHeavy(weight_dtype) AS weight_dtype,
+           count() AS steps,
+           sum(duration_s) AS duration_sum,
+           sum(gap_s) AS gap_sum,
+           sum(bytes_read) AS bytes_sum,
+           max(prefill_tokens) AS prefill_max,
+           sum(preemptions) AS preemptions,
+           sumIf(kv_blocks_used / kv_blocks_total, kv_blocks_total > 0) AS kv_usage_sum,
+           countIf(kv_blocks_total > 0) AS kv_usage_n,
+           sum(kv_blocks_total) AS kv_blocks_total_sum,
+           sum(chunked_prefill) AS chunked_sum,
+           sum(max_num_seqs) AS max_num_seqs_sum,
+           max(max_num_seqs) AS max_num_seqs_max,
+           sum(num_waiting) AS waiting_sum
+    FROM steps
+    WHERE {where}
+    GROUP BY shape
+)
+GROUP BY key
+ORDER BY key
+"""
+STEP_FRAME_BY_INTERVAL = _STEP_FRAME.replace("{key}", _BUCKET.removesuffix(" AS bucket")).replace(
+    "{where}", _SPAN
+)
+STEP_FRAME_BY_SIDE = _STEP_FRAME.replace("{key}", _SIDE.removesuffix(" AS side")).replace(
+    "{where}", _SIDES_WHERE
+)
+
+# What the frame cannot sum: quantiles and distinct instances, per side.
+STEP_SIDE_QUANTILES = f"""
+SELECT {_SIDE},
+       uniq(instance) AS instances,
+       quantileIf(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
+       quantile(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
+       quantileIf(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99
 FROM steps
-WHERE {_SPAN}
-GROUP BY bucket
-ORDER BY bucket
+WHERE {_SIDES_WHERE}
+GROUP BY side
+ORDER BY side
 """
 
 # One row per side: the symptoms' quantiles and the means the decomposition adds up.
@@ -132,54 +179,6 @@ WHERE {_SIDES_WHERE}
   AND cityHash64(span_id) <= if({_CURRENT}, {{cut_c:UInt64}}, {{cut_b:UInt64}})
 ORDER BY side, cityHash64(span_id)
 LIMIT {{n:UInt32}} BY side
-"""
-
-STEP_SIDES = f"""
-SELECT {_SIDE},
-       count() AS steps,
-       uniq(instance) AS instances,
-       sum(duration_s) AS busy_s,
-       sumIf(gap_s, decode_tokens > 0) AS work_gap_s,
-       sumIf(gap_s, decode_tokens = 0) AS idle_gap_s,
-       countIf(decode_tokens > 0) AS decode_steps,
-       avgIf(gap_s, decode_tokens > 0) AS work_gap_mean,
-       quantileIf(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
-       avg(duration_s) AS step_mean,
-       avg(batch_size) AS batch_mean,
-       sum(preemptions) AS preemptions,
-       avg(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_mean,
-       quantile(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
-       avg(kv_blocks_total) AS kv_blocks_total_mean,
-       avg(num_waiting) AS waiting_mean,
-       avg(chunked_prefill) AS chunked_share,
-       countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
-       quantileIf(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99,
-       maxIf(prefill_tokens, decode_tokens > 0) AS mixed_prefill_max,
-       sum(prefill_tokens) AS prefill_tokens_sum,
-       sum(decode_tokens) AS decode_tokens_sum,
-       anyHeavy(weight_dtype) AS weight_dtype_top,
-       avg(max_num_seqs) AS max_num_seqs_mean,
-       max(max_num_seqs) AS max_num_seqs_max
-FROM steps
-WHERE {_SIDES_WHERE}
-GROUP BY side
-ORDER BY side
-"""
-
-# Steps by shape: the table behind "step time at equal batch size" and "prefill riding with decodes".
-STEP_SHAPE = f"""
-SELECT {_SIDE}, batch_size,
-       toUInt8(prefill_tokens > 0) AS has_prefill,
-       toUInt8(decode_tokens > 0) AS has_decode,
-       count() AS steps,
-       sum(duration_s) AS duration_sum,
-       sum(gap_s) AS gap_sum,
-       sum(bytes_read) AS bytes_sum,
-       sum(prefill_tokens) AS prefill_sum
-FROM steps
-WHERE {_SIDES_WHERE}
-GROUP BY side, batch_size, has_prefill, has_decode
-ORDER BY side, batch_size, has_prefill, has_decode
 """
 
 # --- the named-query library (`stepscope query`) --------------------------------------------------------
