@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 PROBE_S = 20.0
 CACHE_MAX_AGE_S = 2 * 3600  # neighbours' load on a shared machine changes capacity several-fold
-WORKLOAD_VERSION = 1  # bump when `diagnosis.scenario.workloads` changes
+WORKLOAD_VERSION = 2  # bump when `diagnosis.scenario.workloads` changes
 CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "capacity.json"
 CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -85,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the grid, print the scoreboard, write the JSON."""
     from diagnosis.calibrate import capacity
-    from diagnosis.scenario import FAULTS, ScenarioConfig
+    from diagnosis.scenario import FAULTS, ScenarioConfig, min_duration_s
 
     faults = list(FAULTS) if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
@@ -101,9 +102,14 @@ def run(args: argparse.Namespace) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
     cap = capacity(base, refresh=not args.cached_capacity)
+    stretched = max(duration, round(min_duration_s(base.load_fraction * cap)))  # enough requests per side
+    if stretched > duration:
+        print(f"eval: {duration:g}s runs are too short at this capacity; {stretched}s each", file=sys.stderr)
+        base.duration_s = duration = stretched
     cases = grid(faults, args.quick)
     results = []
     t0 = time.monotonic()
+    interrupt_on_sigterm()
     for i, case in enumerate(cases, 1):
         print(f"eval: [{i}/{len(cases)}] {case.name} ({time.monotonic() - t0:.0f}s so far)", file=sys.stderr)
         results.append(run_case(case, runs_dir, base, cap))
@@ -113,6 +119,17 @@ def run(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(board, indent=2) + "\n")
     print(render(board))
     return 0
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (and SIGINT, even if the launching shell ignored it) unwind as Ctrl-C does, through the
+    `finally` that stops every process started."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float) -> dict[str, Any]:

@@ -33,6 +33,14 @@ from loadgen.runner import LoadSpec, RunOptions, RunResult, run_load
 from loadgen.workloads import LengthDist, Workload, WorkloadConfig, WorkloadShift
 
 Limits = dict[str, object]
+# The diagnosis tests a P99 only with 50 requests on each side of the change (diagnosis/config.py): a run
+# should bring a few more than that to each side of its onset.
+MIN_REQUESTS_PER_SIDE = 55
+
+
+def min_duration_s(rate: float, onset_share: float = 0.5) -> float:
+    """The shortest run whose both sides of the onset get `MIN_REQUESTS_PER_SIDE` requests at `rate`."""
+    return MIN_REQUESTS_PER_SIDE / rate / min(onset_share, 1 - onset_share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +194,13 @@ def workloads(seed: int, shifts: tuple[WorkloadShift, ...] = ()) -> tuple[Worklo
     base = WorkloadConfig(
         seed=seed,
         chat_prompt=LengthDist(64, 0.5, 16, 256),
-        chat_output=LengthDist(24, 0.3, 8, 48),
+        chat_output=LengthDist(16, 0.3, 8, 32),
         summarize_prompt=LengthDist(640, 0.25, 320, 1024),
-        summarize_output=LengthDist(8, 0.3, 4, 16),
+        summarize_output=LengthDist(6, 0.3, 4, 12),
         summarize_fraction=0.25,
         system_prompt_tokens=384,
         shared_user_prompt=LengthDist(32, 0.5, 8, 128),
-        shared_output=LengthDist(24, 0.3, 8, 48),
+        shared_output=LengthDist(16, 0.3, 8, 32),
         max_prompt_tokens=3500,
         shifts=shifts,
     )
@@ -298,6 +306,11 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     if rate is None:
         capacity_rps = capacity_rps or capacity(cfg)
         rate = round(cfg.load_fraction * capacity_rps, 3)
+    if cfg.duration_s < min_duration_s(rate, cfg.onset / cfg.duration_s):
+        cfg.log(
+            f"scenario: warning: {rate}/s for {cfg.duration_s:g}s brings fewer than {MIN_REQUESTS_PER_SIDE} "
+            f"requests to a side of the onset; the diagnosis may not test tail latencies"
+        )
     token = secrets.token_hex(16)
     load_before = os.getloadavg()[0]
     procs: list[Proc] = []

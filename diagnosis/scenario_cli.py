@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action != "run":
         raise UsageError("choose an action: run, list or facts")
+    from diagnosis.eval import interrupt_on_sigterm
+
     cfg = config_from_args(args)
+    interrupt_on_sigterm()
     try:
         truth = run_scenario(cfg)  # type: ignore[arg-type]
     except RuntimeError as e:

@@ -135,7 +135,8 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def test_ctrl_c_stops_every_process_the_scenario_started(tmp_path: Path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_process_the_scenario_started(tmp_path: Path, sig: int):
     cmd = [sys.executable, "-m", "stepscope", "scenario", "run", "--model", "tiny", "--rate", "2"]
     cmd += ["--duration", "60", "--out", str(tmp_path / "run")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -148,7 +149,7 @@ def test_ctrl_c_stops_every_process_the_scenario_started(tmp_path: Path):
     kids = _children(proc.pid)
     assert len(kids) == 2  # the collector and the server
     time.sleep(1.0)  # into the load
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     assert proc.wait(60) == 130
     assert not [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in _state(k)]
 
