@@ -6,7 +6,7 @@
 2. starts the collector on chDB in the demo directory, the engine exporting OTLP to it, and the dashboard;
 3. runs the steady load; near the end of its healthy part, measures TTFT P99 and arms an alert rule
    (`alerting.AlertRunner`, threshold `alert_factor` x that P99) whose webhook is a receiver in this process;
-4. switches the fault on at 40% of the duration (default: a prefix-cache miss), prints the alert when it fires
+4. switches the fault on after the healthy part (default: a prefix-cache miss), prints the alert when it fires
    with the findings it carries, and after the load the diagnosis with its evidence and lever;
 5. with the dashboard, keeps the collector and the dashboard up until Ctrl-C.
 
@@ -47,12 +47,15 @@ class DemoConfig:
     rate: float | None = None  # requests/s; None: the scenario runner's fraction of the calibrated capacity
     dashboard: bool = True
     dashboard_port: int = 8501  # a free port is taken when this one is busy (or 0)
-    onset_fraction: float = 0.4  # of a given --duration: when the fault goes on
-    # Sized by rate: at least this long healthy and faulty, and long enough for `side_requests` each
-    # (the diagnosis's P99 test needs 50 a side). At ~1.4 requests/s: 40 s + 60 s, 3-4 minutes in all.
-    healthy_s: float = 40.0
+    onset_fraction: float = 0.5  # of a given --duration: when the fault goes on
+    # Sized by rate: at least this long healthy and faulty, and long enough for `side_requests` each, up
+    # to `max_side_s`. The P99 test needs 50 a side; the mean prompt length of the bimodal mixed workload
+    # (a rule's "unchanged prompt lengths" test) wanders x1.27 between halves of 45 requests, so 80.
+    # At ~1.4 requests/s: 60 s + 60 s, about 4 minutes in all.
+    healthy_s: float = 60.0
     fault_s: float = 60.0
-    side_requests: int = 50
+    side_requests: int = 80
+    max_side_s: float = 150.0
     drain_s: float = 60.0  # requests in flight at the end may finish (cut ones would skew prompt lengths)
     progress_every_s: float = 10.0
     arm_at: float = 0.9  # of the healthy part: when the healthy TTFT P99 is measured and the rule armed
@@ -90,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fault", default=d.fault, metavar="NAME[=VALUE]",
-        help="switched on at 40%% of the duration (default: %(default)s; list: stepscope scenario list)",
+        help="switched on after the healthy part (default: %(default)s; list: stepscope scenario list)",
     )  # fmt: skip
     parser.add_argument("--no-dashboard", action="store_true", help="no dashboard; exit when the run ends")
     parser.add_argument("--dashboard-port", default=str(d.dashboard_port), metavar="PORT")
@@ -375,7 +378,7 @@ def timeline(cfg: DemoConfig, rate: float) -> tuple[float, float]:
     """(load duration, fault onset) in seconds from the start of the load."""
     if cfg.duration_s is not None:
         return cfg.duration_s, round(cfg.duration_s * cfg.onset_fraction, 1)
-    need = cfg.side_requests / rate
+    need = min(cfg.side_requests / rate, cfg.max_side_s)
     healthy, fault = math.ceil(max(cfg.healthy_s, need)), math.ceil(max(cfg.fault_s, need))
     return healthy + fault, healthy
 

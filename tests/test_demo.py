@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 def demo(out: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "stepscope", "demo", "--model", "tiny", "--rate", "4", "--out", str(out), *extra]
+    cmd = [sys.executable, "-m", "stepscope", "demo", "--model", "tiny", "--rate", "4", "--out", str(out)]
+    cmd += extra
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
