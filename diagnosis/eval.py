@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from stepscope.cli import UsageError
 EXPECTED_CAUSE = {"overload": "queueing_overload"}
 QUICK_HEALTHY_RUNS, FULL_HEALTHY_RUNS = 2, 3
 FULL_SEEDS = (1, 2, 3)
+MAX_DURATION_S = 240  # the stretch for a slow (busy) machine stops here; the eval must end
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
     cap = capacity(base, refresh=not args.cached_capacity)
-    stretched = max(duration, round(min_duration_s(base.load_fraction * cap)))  # enough requests per side
-    if stretched > duration:
+    stretched = min(max(duration, math.ceil(min_duration_s(base.load_fraction * cap))), MAX_DURATION_S)
+    if stretched > duration:  # enough requests on each side of the onset for the tail tests
         print(f"eval: {duration:g}s runs are too short at this capacity; {stretched}s each", file=sys.stderr)
         base.duration_s = duration = stretched
     cases = grid(faults, args.quick)
