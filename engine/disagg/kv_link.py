@@ -89,6 +89,7 @@ class KVSender:
         self.transfers_sent = 0
         self.transfers_failed = 0
         self.transfers_aborted = 0
+        self.send_busy_ns = 0  # time spent writing: kv_bytes_sent / this = the link's achieved bandwidth
         self._records: dict[str, SendRecord] = {}
         self._queue: queue.Queue = queue.Queue()
         self._socks: dict[str, socket.socket] = {}
@@ -134,7 +135,9 @@ class KVSender:
                     rec.error = f"KV transfer to {rec.peer} failed: {e}"
                     self._drop(rec.peer)
                     print(f"stepscope worker: {rec.error}", file=sys.stderr)
-                rec.busy_ns += time.monotonic_ns() - start
+                busy = time.monotonic_ns() - start
+                rec.busy_ns += busy
+                self.send_busy_ns += busy
             if last:
                 self._finish(rec, aborted=last == "abort")
 

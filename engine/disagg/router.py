@@ -47,6 +47,7 @@ from engine.protocol import (
 from engine.request import EngineRequest
 
 ROLES = ("prefill", "decode")
+_SENDER_KEYS = ("kv_bytes_sent", "kv_transfers_sent", "kv_send_seconds")  # prefill workers' counters
 ADMIN_TIMEOUT_S = 30.0  # a worker busy with a long step answers between steps
 
 
@@ -227,10 +228,11 @@ class DisaggClient:
             ("stepscope:kv_transfer_bytes_received_total", "kv_bytes_received"),
             ("stepscope:kv_transfers_sent_total", "kv_transfers_sent"),
             ("stepscope:kv_transfers_received_total", "kv_transfers_received"),
+            ("stepscope:kv_transfer_send_seconds_total", "kv_send_seconds"),
         ):
             lines.append(f"# TYPE {name} counter")
             for w in self.workers:
-                if key in w.counters and (w.role == "prefill") == ("sent" in key):
+                if key in w.counters and (w.role == "prefill") == (key in _SENDER_KEYS):
                     lines.append(f'{name}{{instance="{w.worker_id}",role="{w.role}"}} {w.counters[key]}')
         for name, value in (("retries", self.retries), ("failures", self.failures)):
             metric = f"stepscope:disagg_{name}_total"

@@ -148,6 +148,7 @@ class WorkerLoop(CoreLoop):
             s = self.sender
             stats.update(kv_bytes_sent=s.kv_bytes_sent, kv_transfers_sent=s.transfers_sent)
             stats.update(kv_transfers_failed=s.transfers_failed, kv_transfers_aborted=s.transfers_aborted)
+            stats.update(kv_send_seconds=s.send_busy_ns / 1e9)
         return stats
 
     # -- prefill side ----------------------------------------------------------------------------
