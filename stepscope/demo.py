@@ -200,6 +200,10 @@ class Demo:
         say(f"  files: {cfg.out}  ({logs}, rules.toml, alerts.jsonl, demo.log)")
         rate = self._rate()
         sc.duration_s, sc.onset_s = timeline(cfg, rate)
+        if cfg.duration_s is None and rate * cfg.max_side_s < cfg.side_requests:
+            say(f"  this machine is busy or slow: {rate * cfg.max_side_s:.0f} requests a side in "
+                f"{cfg.max_side_s:g}s, fewer than the {cfg.side_requests} the diagnosis wants; "
+                "`--model tiny` is lighter")  # fmt: skip
         self._start(rate)
         token = self._token
         run = asyncio.run(self._load(rate, token))
