@@ -237,10 +237,12 @@ class Demo:
         from diagnosis.scenario_procs import Proc, free_port, start_collector, start_server
 
         cfg, sc = self.cfg, self.scenario
-        say(
-            "\n[2/5] starting the collector (chDB), the engine"
-            + (" and the dashboard" if cfg.dashboard else "")
+        parts = (
+            "the collector (chDB), the engine and the dashboard"
+            if cfg.dashboard
+            else "the collector (chDB) and the engine"
         )
+        say(f"\n[2/5] starting {parts}")
         collector, self.collector_url = start_collector(cfg.out / "store", cfg.out / "collector.log")
         self.procs.append(collector)
         say(f"  collector  {self.collector_url}  store chdb://{cfg.out / 'store'}")
