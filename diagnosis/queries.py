@@ -160,7 +160,7 @@ SELECT {_SIDE},
        avg(output_tokens) AS output_mean,
        sum(output_tokens) AS output_tokens_sum,
        sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
-       uniqExact(prefix_key) / nullIf(countIf(prefix_key != ''), 0) AS prefix_keys_per_request,
+       uniq(prefix_key) / nullIf(countIf(prefix_key != ''), 0) AS prefix_keys_per_request,
        avg(preemptions) AS preemptions_per_request,
        sumIf(kv_transfer_s, kv_transfer_s > 0)
            / nullIf(sumIf(input_tokens - cached_tokens, kv_transfer_s > 0), 0) AS kv_transfer_s_per_token
