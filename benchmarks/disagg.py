@@ -7,7 +7,7 @@ Two deployments of the same model, one after the other, each with the same core 
   deployments start: a long prompt is prefilled whole in a step that also carries every running decode);
 - disaggregated: `stepscope serve --disagg --num-threads T` (1 prefill + 1 decode worker, T/2 threads each).
 Each gets two warm-up requests, then the same seeded open-loop Poisson traffic from the load generator's
-library: chat (short prompts, 32-token answers) and summarization (1024-token documents, 8-token answers).
+library: chat (short prompts, 24-token answers) and summarization (1024-token documents, 8-token answers).
 Figures are client-side, for the chat requests: P99 TTFT and TPOT; ratios are disaggregated over colocated.
 The KV bandwidth is the prefill worker's bytes sent over its time spent writing (router /metrics).
 The last line printed is one JSON object.
@@ -74,7 +74,7 @@ def workloads(seed: int) -> tuple[Workload, Workload]:
     cfg = WorkloadConfig(
         seed=seed,
         chat_prompt=LengthDist(64, 0.5, 16, 256),
-        chat_output=LengthDist(32, 0.0, 32, 32),
+        chat_output=LengthDist(24, 0.0, 24, 24),
         summarize_prompt=LengthDist(1024, 0.2, 768, 1536),
         summarize_output=LengthDist(8, 0.0, 8, 8),
     )
@@ -83,7 +83,7 @@ def workloads(seed: int) -> tuple[Workload, Workload]:
 
 async def drive(url: str, args: argparse.Namespace) -> list:
     chat, docs = workloads(args.seed)
-    opts = RunOptions(model=args.model, timeout_s=300, drain_timeout_s=60, seed=args.seed)
+    opts = RunOptions(model=args.model, timeout_s=600, drain_timeout_s=240, seed=args.seed)
     results = await asyncio.gather(
         run_load(url, chat, LoadSpec(rate=args.chat_rate, duration_s=args.duration), opts),
         run_load(

@@ -104,9 +104,11 @@ class OpenAIServer:
 
     # -- plain routes --------------------------------------------------------------------------
     async def health(self) -> Response:
-        status = 200 if self.client.alive else 503
         report = getattr(self.client, "health_report", None)  # a router lists its workers
-        return JSONResponse(report(), status_code=status) if report else Response(status_code=status)
+        if report is not None:
+            body = report()
+            return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return Response(status_code=200 if self.client.alive else 503)
 
     async def models(self) -> dict[str, object]:
         card = {

@@ -103,7 +103,7 @@ class _Route:
 class DisaggClient:
     """The front end's engine client over workers (the same surface as `AsyncEngineClient`)."""
 
-    def __init__(self, host: str, port: int, kv_timeout_s: float = 30.0, stale_after_s: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, kv_timeout_s: float = 30.0, stale_after_s: float = 15.0) -> None:
         self.host, self.port, self.kv_timeout_s, self.stale_after_s = host, port, kv_timeout_s, stale_after_s
         self.workers: list[WorkerHandle] = []
         self.gone: list[dict[str, object]] = []  # the last dead workers, for /health
@@ -150,7 +150,9 @@ class DisaggClient:
     # -- the engine-client surface ---------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return all(self._count(role) for role in ROLES)
+        """Requests are admitted while each role has a connected worker (a silent one may be in a long
+        step); `/health` is stricter: 503 unless each role has a healthy one."""
+        return all(any(w.role == role for w in self.workers) for role in ROLES)
 
     @property
     def stats(self) -> EngineStats:
@@ -210,7 +212,7 @@ class DisaggClient:
         roles = {role: self._count(role) for role in ROLES}
         workers = [w.report() for w in self.workers] + self.gone
         return {
-            "status": "ok" if self.alive else "unhealthy",
+            "status": "ok" if all(roles.values()) else "unhealthy",
             "healthy_workers": roles,
             "register": f"{self.host}:{self.port}",  # where workers (`serve --role ... --router`) connect
             "workers": workers,
@@ -261,6 +263,7 @@ class DisaggClient:
         """By load: decode workers by free blocks after what they already hold, then fewest sequences;
         prefill workers by fewest requests in hand."""
         candidates = [w for w in self._healthy() if w.role == role]
+        candidates = candidates or [w for w in self.workers if w.role == role]  # silent beats none
         if not candidates:
             return None
         if role == "prefill":
