@@ -43,7 +43,10 @@ class DemoConfig:
     duration_s: float | None = None  # of load; None: sized to the rate (`timeline`)
     fault: str = "prefix_cache_miss"
     value: float | None = None  # None: the fault's default
-    model: str = "small"
+    # tiny: a step takes about a millisecond, so even a busy 2-core machine runs several requests a second
+    # and each side holds hundreds (with `small`, a busy machine gets a few dozen in minutes); the prefix
+    # cache, prefill and queueing behave the same, only faster. `--model small` for heavier steps.
+    model: str = "tiny"
     rate: float | None = None  # requests/s; None: the scenario runner's fraction of the calibrated capacity
     dashboard: bool = True
     dashboard_port: int = 8501  # a free port is taken when this one is busy (or 0)

@@ -149,7 +149,8 @@ def describe(payload: dict[str, Any]) -> str:
         at = alert.get("startsAt") if alert.get("status") == "firing" else alert.get("endsAt")
         lines.append(
             f"\n  >>> ALERT {alert.get('status', '?').upper()} {labels.get('alertname')} "
-            f"[{labels.get('severity')}] at {_local(at)} (webhook received)"
+            f"[{labels.get('severity')}], {'active since' if alert.get('status') == 'firing' else 'ended'} "
+            f"{_local(at)} (webhook received)"
         )
         lines.append(f"      {ann.get('summary', '')}")
         if alert.get("status") == "firing":
