@@ -22,6 +22,7 @@ import logging
 import math
 import secrets
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -30,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from stepscope.cli import UsageError
-from stepscope.demo_alert import AlertWatch
+from stepscope.demo_alert import AlertWatch, ttft_since
 
 HEALTH_PATH = "/_stcore/health"  # Streamlit's
 
@@ -168,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say("\ninterrupted: stopping everything the demo started")
         return 0 if demo.finished else 130
+    except RuntimeError as e:  # a child that would not start or died: its log's tail is in the message
+        print(f"stepscope demo: {e}\n(logs in {cfg.out})", file=sys.stderr, flush=True)
+        return 1
     finally:
         demo.close()
         signal.signal(signal.SIGTERM, previous[0])
@@ -310,7 +314,7 @@ class Demo:
 
     def _arm(self, reader: Any, t0: float) -> AlertWatch:
         cfg = self.cfg
-        n, _, p99 = _ttft(reader, t0)
+        n, _, p99 = ttft_since(reader, t0)
         if n >= cfg.alert_min_healthy and p99:
             threshold = max(math.ceil(cfg.alert_factor * p99 * 100) / 100, 0.01)
             why = f"{cfg.alert_factor:g} x the healthy TTFT P99 of {p99:.2f}s over {n} requests"
@@ -325,7 +329,7 @@ class Demo:
         return watch
 
     def _progress(self, reader: Any, t0: float, now: float) -> None:
-        n, p50, p99 = _ttft(reader, now - self.cfg.progress_every_s)
+        n, p50, p99 = ttft_since(reader, now - self.cfg.progress_every_s)
         phase = "fault on" if now - t0 >= self.scenario.onset else "healthy"
         ttft = f"TTFT P50 {p50:.2f}s  P99 {p99:.2f}s" if n else "no requests finished"
         state = f"  alert {self.alert.state()}" if self.alert is not None else ""
@@ -368,19 +372,6 @@ class Demo:
         for proc in reversed(self.procs):
             proc.stop()
         self.procs.clear()
-
-
-def _ttft(reader: Any, since: float) -> tuple[int, float, float]:
-    """(requests finished since `since`, TTFT P50, TTFT P99) from the collector's `requests`."""
-    sql = (
-        "SELECT count(), quantileExact(0.5)(ttft_s), quantileExact(0.99)(ttft_s) FROM requests "
-        "WHERE end_time >= fromUnixTimestamp64Nano(toInt64({since:Float64} * 1e9))"
-    )
-    try:
-        n, p50, p99 = reader.query(sql, {"since": since}).rows[0]
-    except Exception:  # the collector is busy or a query timed out: skip this line
-        return 0, 0.0, 0.0
-    return int(n), float(p50 or 0.0), float(p99 or 0.0)
 
 
 def timeline(cfg: DemoConfig, rate: float) -> tuple[float, float]:

@@ -1,5 +1,6 @@
 """The demo's alert: one TTFT P99 rule evaluated by `alerting.AlertRunner` on the collector's API, posting
-Alertmanager webhooks to a receiver in the demo process, which prints them as they arrive.
+Alertmanager webhooks to a receiver in the demo process, which prints them as they arrive; and the TTFT
+readings (`ttft_since`) its threshold and the demo's progress lines come from.
 
 The rule is written to `DIR/rules.toml` (the same file works with `stepscope collector --alert-rules` or
 `stepscope alerts run`); transitions go to `DIR/alerts.jsonl` (the collector's API is read-only, so the
@@ -171,3 +172,16 @@ def _local(iso: str | None) -> str:
         return datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone().strftime("%H:%M:%S")
     except ValueError:
         return iso
+
+
+def ttft_since(reader: Any, since: float) -> tuple[int, float, float]:
+    """(requests finished since `since`, TTFT P50, TTFT P99) from the collector's `requests`."""
+    sql = (
+        "SELECT count(), quantileExact(0.5)(ttft_s), quantileExact(0.99)(ttft_s) FROM requests "
+        "WHERE end_time >= fromUnixTimestamp64Nano(toInt64({since:Float64} * 1e9))"
+    )
+    try:
+        n, p50, p99 = reader.query(sql, {"since": since}).rows[0]
+    except Exception:  # the collector is busy or a query timed out: skip this line
+        return 0, 0.0, 0.0
+    return int(n), float(p50 or 0.0), float(p99 or 0.0)
