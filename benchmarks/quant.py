@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=64, help="tokens of history per decoding sequence")
     ap.add_argument("--steps", type=int, default=15, help="timed decode steps per batch size")
-    ap.add_argument("--kv-budget-mb", type=int, default=64)
+    ap.add_argument("--kv-budget-mb", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
