@@ -10,7 +10,8 @@ summary, then JSON as the last line: requests, step_rows, seconds (the diagnosis
 `--runs`), cpu_seconds (this process's CPU time during that run, chDB's threads included: the figure that
 does not depend on what else the machine runs), the per-run lists, `phases` (wall and CPU seconds per query
 of the run with the least CPU, by its name in diagnosis/queries.py, plus `python`: everything between the
-queries), load_avg_1m (the machine's load when the runs ended), insert_seconds, top_cause.
+queries), load_avg_1m (the machine's load when the runs ended), steps_parts, insert_seconds (the insert and
+its merges are waited for before the runs: they run in this process), top_cause.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ class TimedSource(StoreSource):
             spent[1] += time.process_time() - cpu
 
 
+def settle(store: Store, limit_s: float = 300.0) -> None:
+    """Wait for the background merges of the insert: they run in this process, so their CPU would count
+    as the diagnosis's (a store that has been running a while has merged its parts)."""
+    deadline = time.monotonic() + limit_s
+    while store.query("SELECT count() FROM system.merges").rows[0][0] and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def run_once(store: Store) -> tuple[float, float, dict[str, list[float]], Any]:
     """One diagnosis of the whole window: (wall s, CPU s, per-query [wall, CPU], result)."""
     source = TimedSource(store)
@@ -120,7 +129,11 @@ def main() -> None:
                 store.command(REQUESTS, {"n": args.requests})
                 store.command(STEPS, {"n": args.steps})
                 insert_s = time.perf_counter() - start
-            counts = store.query("SELECT (SELECT count() FROM requests), (SELECT count() FROM steps)").rows[0]
+            settle(store)
+            counts = store.query(
+                "SELECT (SELECT count() FROM requests), (SELECT count() FROM steps),"
+                " (SELECT count() FROM system.parts WHERE active AND table = 'steps')"
+            ).rows[0]
             runs = [run_once(store) for _ in range(max(1, args.runs))]
     finally:
         if not args.dir:
@@ -137,6 +150,7 @@ def main() -> None:
         "cpu_seconds_runs": [round(r[1], 3) for r in runs],
         "phases": phases,
         "load_avg_1m": round(os.getloadavg()[0], 1),
+        "steps_parts": int(counts[2]),
         "insert_seconds": round(insert_s, 1),
         "top_cause": top,
         "regressions": [r.metric for r in result.regressions],
