@@ -31,6 +31,7 @@ EXPECTED_CAUSE = {"overload": "queueing_overload"}
 QUICK_HEALTHY_RUNS, FULL_HEALTHY_RUNS = 2, 3
 FULL_SEEDS = (1, 2, 3)
 MAX_DURATION_S = 240  # the stretch for a slow (busy) machine stops here; the eval must end
+PROBE_EACH_S = 12.0  # the capacity probe before each case
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cached-capacity",
         action="store_true",
-        help="use the cached capacity (default: probe it again first: neighbours change it several-fold)",
+        help="use the cached capacity for every case (default: probe before each case: neighbours change "
+        "it several-fold within minutes)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the grid, print the scoreboard, write the JSON."""
     from diagnosis.calibrate import capacity
-    from diagnosis.scenario import FAULTS, ScenarioConfig, min_duration_s
+    from diagnosis.scenario import FAULTS, ScenarioConfig
 
     faults = list(FAULTS) if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
@@ -103,11 +105,7 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
-    cap = capacity(base, refresh=not args.cached_capacity)
-    stretched = min(max(duration, math.ceil(min_duration_s(base.load_fraction * cap))), MAX_DURATION_S)
-    if stretched > duration:  # enough requests on each side of the onset for the tail tests
-        print(f"eval: {duration:g}s runs are too short at this capacity; {stretched}s each", file=sys.stderr)
-        base.duration_s = duration = stretched
+    cap = capacity(base) if args.cached_capacity else None  # None: probe before each case
     cases = grid(faults, args.quick)
     results = []
     t0 = time.monotonic()
@@ -134,12 +132,16 @@ def interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float) -> dict[str, Any]:
-    """Run (unless done) and diagnose one case; the result is kept in `<case>/result.json`."""
+def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float | None) -> dict[str, Any]:
+    """Run (unless done) and diagnose one case; the result is kept in `<case>/result.json`. Without a
+    `capacity_rps`, the capacity is probed just before the run (neighbours change it several-fold within
+    minutes on a shared machine) and the run is stretched until both sides of the onset get enough
+    requests."""
     import dataclasses
     import shutil
 
-    from diagnosis.scenario import run_scenario
+    from diagnosis.calibrate import probe
+    from diagnosis.scenario import min_duration_s, run_scenario
 
     out = runs_dir / case.name
     done = out / "result.json"
@@ -149,7 +151,10 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float) -> dict
         shutil.rmtree(out, ignore_errors=True)  # a run cut short: start it again
         cfg = dataclasses.replace(base, out=out, fault=case.fault, value=case.value, seed=case.seed)
         try:
-            run_scenario(cfg, capacity_rps)
+            cap = capacity_rps or probe(cfg, PROBE_EACH_S)
+            needed = math.ceil(min_duration_s(cfg.load_fraction * cap))
+            cfg.duration_s = min(max(cfg.duration_s, needed), MAX_DURATION_S)
+            run_scenario(cfg, cap)
         except RuntimeError as e:  # a process that would not start: score it as missed, retry on resume
             return score_case(case, None, {"error": str(e)})
     result = score_case(case, out, _diagnose_in_child(out))
