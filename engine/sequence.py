@@ -45,7 +45,7 @@ class Sequence:
     itl_max_ns: int = 0
     itl_count: int = 0
     batch_done: bool = False  # static mode: finished, but its slot runs on (padding) until the batch ends
-    prefill_only: bool = False  # disaggregated prefill worker: hand off after the first token (docs/disagg.md)
+    prefill_only: bool = False  # disaggregated prefill worker: hand off after the first token
 
     @classmethod
     def from_request(cls, req: EngineRequest) -> Sequence:
