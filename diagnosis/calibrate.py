@@ -55,7 +55,7 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
 
 def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
-    from diagnosis.scenario import workloads
+    from diagnosis.scenario import warm_up, workloads
     from diagnosis.scenario_procs import start_server
 
     out = cfg.out
@@ -63,6 +63,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     cfg.log(f"calibrate: probing capacity for {duration_s:g}s (cached in {CACHE_FILE})")
     server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), None)
     try:
+        warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure
         seqs = int(cfg.max_num_seqs)
         c_shared = max(1, round(seqs * cfg.shared_fraction))
         mixed, shared = workloads(10_000 + int(cfg.seed))

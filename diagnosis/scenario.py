@@ -320,7 +320,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         procs.append(collector)
         server, url = start_server(cfg, cfg.out / "server.log", token, collector_url)
         procs.append(server)
-        _warm_up(url, cfg.model)
+        warm_up(url, cfg.model)
         cfg.log(
             f"scenario: {cfg.fault or 'healthy'}={cfg.value} rate {rate}/s "
             f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
@@ -362,7 +362,7 @@ async def _drive_until_interrupted(cfg: ScenarioConfig, url: str, token: str, ra
         raise
 
 
-def _warm_up(url: str, model: str) -> None:
+def warm_up(url: str, model: str) -> None:
     """Two short requests before the run: the first steps of a fresh process are slow."""
     for prompt in ("warm up " * 40, "hello"):
         body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
