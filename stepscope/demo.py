@@ -240,7 +240,7 @@ class Demo:
         return rate
 
     def _start(self, rate: float) -> None:
-        from diagnosis.scenario import _warm_up
+        from diagnosis.scenario import warm_up
         from diagnosis.scenario_procs import Proc, free_port, start_collector, start_server
 
         cfg, sc = self.cfg, self.scenario
@@ -268,7 +268,7 @@ class Demo:
             self.dashboard_url = f"http://127.0.0.1:{port}"
             dash.wait_http(self.dashboard_url + HEALTH_PATH, 120)
             say(f"  dashboard  {self.dashboard_url}  (open it now to watch the run)")
-        _warm_up(self.engine_url, sc.model)
+        warm_up(self.engine_url, sc.model)
 
     async def _load(self, rate: float, token: str) -> dict[str, Any]:
         from diagnosis.scenario import drive
