@@ -1,7 +1,7 @@
 """Fault scenarios: a real engine, a real collector and the load generator, with one fault switched on.
 
     cfg = ScenarioConfig(out=Path("/tmp/run"), fault="overload", value=3.0, duration_s=80, seed=1)
-    truth = run_scenario(cfg)          # DIR/truth.json; the spans stay in DIR/store (chDB)
+    truth = run_scenario(cfg)          # DIR/truth.json; DIR itself is the chDB store holding the spans
 
 Timeline: collector and `stepscope serve` start as subprocesses (each in its own session, so a Ctrl-C
 here stops them through our own `finally`), two warm-up requests, then `start`; the load generator
@@ -316,7 +316,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     load_before = os.getloadavg()[0]
     procs: list[Proc] = []
     try:
-        collector, collector_url = start_collector(cfg.out / "store", cfg.out / "collector.log")
+        # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
+        collector, collector_url = start_collector(cfg.out, cfg.out / "collector.log")
         procs.append(collector)
         server, url = start_server(cfg, cfg.out / "server.log", token, collector_url)
         procs.append(server)
@@ -344,7 +345,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "engine": cfg.engine_args(),
         "duration_s": cfg.duration_s,
         "onset_s": cfg.onset if cfg.fault else None,
-        "store": f"chdb://{cfg.out / 'store'}",
+        "store": f"chdb://{cfg.out}",
         "requests_stored": n,
         "client": run["summary"],
         "loadavg_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},  # neighbours

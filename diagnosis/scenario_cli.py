@@ -79,8 +79,8 @@ def config_from_args(args: argparse.Namespace) -> object:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} exists and is not a directory")
-    if (out / "store").exists():
-        raise UsageError(f"--out: {out} already holds a run (store/); choose a new directory")
+    if (out / "truth.json").exists() or (out / "metadata").exists():
+        raise UsageError(f"--out: {out} already holds a run; choose a new directory")
     return ScenarioConfig(
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
         seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,

@@ -80,7 +80,7 @@ def start_collector(store: str, log: Path, *extra: str) -> Collector:
 def _store_dir(run: Path) -> Path:
     """The chDB directory a scenario left (the directory holding its `status` file)."""
     found = sorted(p.parent for p in run.rglob("status"))
-    return found[0] if found else run / "store"
+    return found[0] if found else run
 
 
 @pytest.fixture(scope="session")
