@@ -122,7 +122,8 @@ def free_port() -> int:
 def start_collector(data: Path, port: int) -> subprocess.Popen:
     log = open(data.parent / "collector.log", "w")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(
-        ["stepscope", "collector", "--store", f"chdb://{data}", "--port", str(port), "--log-level", "error"],
+        [sys.executable, "-m", "stepscope", "collector", "--store", f"chdb://{data}",
+         "--port", str(port), "--log-level", "error"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     for _ in range(240):
