@@ -159,8 +159,9 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
-        have = len(seq.block_table) + len(computed_blocks)
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - have
+        # As allocate_slots counts: prefix-hit blocks become the computed tokens of a new sequence.
+        computed = len(computed_blocks) * self.block_size if computed_blocks else seq.num_computed_tokens
+        need = self.blocks_needed(computed + num_new_tokens) - len(seq.block_table) - len(computed_blocks)
         revived = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_cnt == 0)
         return need <= self.pool.num_free - revived
 

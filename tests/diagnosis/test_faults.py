@@ -150,3 +150,23 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
     }
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200
+
+
+def test_kv_cache_pressure_preempts_on_a_shrunk_pool_with_prefix_hits_instead_of_crashing():
+    # The kv_cache_pressure fault shrinks the pool of a running engine whose requests share a cached
+    # system prompt. Admission used to undercount a prefix-hit request's blocks and the pool raised
+    # "asked for N blocks with M free" in the step loop (the core died mid-scenario).
+    core = EngineCore(EngineConfig(model="tiny", num_threads=1, num_kv_blocks=256, block_size=16))
+    core.update_limits(num_kv_blocks=24)  # 384 tokens: two of these requests do not fit together
+    system = [256 + i for i in range(160)]  # 10 shared blocks
+    sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(6):
+        core.add_request(EngineRequest(f"r{i}", system + [7 + i] * 40, sp))
+    finished = set()
+    for _ in range(5000):
+        finished |= {o.req_id for o in core.step() if o.finished}
+        core.check_invariants()
+        if not core.has_unfinished_requests():
+            break
+    assert finished == {f"r{i}" for i in range(6)}
+    assert core.scheduler.num_preemptions_total > 0
