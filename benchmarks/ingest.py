@@ -10,13 +10,25 @@ clients (several engine processes) to `stepscope collector` started as a real pr
 spans per second of wall time from the first POST until `count()` in otel_traces shows every one of them
 (acknowledged and queryable, not just acknowledged).
 
-`raw_rows_per_s` is the same rows, already in columns, inserted with clickhouse-connect into a fresh chDB
-with the same schema and views, in blocks of 20,000 rows, through `Store.insert` as the collector calls it
-(an Arrow table): the store's own speed, the ceiling for the collector. `raw_native_rows_per_s` is the
-same with Python column lists through clickhouse-connect's Native encoder, for reference. `ratio` =
-spans_per_s / raw_rows_per_s. `collector_cpu_s` is the collector process's CPU time over the measured
-window, `sender_cpu_s` the senders' (this process, on the same machine). The last line is one JSON
-object.
+`raw_rows_per_s` is the baseline the issue names: the same rows, already in Python columns (a dict per Map
+value, as clickhouse-connect takes them), inserted with clickhouse-connect's column-oriented native insert
+(`client.insert(..., column_oriented=True)`, through `Store.insert`) into a fresh chDB with the same schema
+and materialized views (`Store.open` applies the same migrations), in blocks of `GROUP_MIN_ROWS` (20,000)
+rows, the size the collector waits for before it inserts (under load its groups are larger, up to
+`GROUP_MAX_ROWS`, which favours the baseline). It is timed like the collector leg: after a warm-up insert
+that is not counted, until `count()` shows every row. `ratio` = spans_per_s / raw_rows_per_s: what the
+collector keeps of a plain insert into the same tables, while it also parses OTLP, converts values to the
+exporter's encodings and fsyncs every batch before it answers.
+
+`raw_arrow_rows_per_s` is the same with the rows as one Arrow table (built beforehand, sliced into the same
+blocks): ClickHouse parses Arrow natively, with no per-value Python work, so this is the store's own
+speed for these tables, a ceiling no receiver that does its own decoding reaches. `ratio_vs_arrow` =
+spans_per_s / raw_arrow_rows_per_s. Each raw leg runs in a fresh process of its own (as the collector
+does) after the collector has stopped. `*_cpu_us` are CPU microseconds per span or row of each leg: less
+moved by the neighbours' load than the rates.
+
+`collector_cpu_s` is the collector process's CPU time (its worker processes included) over the measured
+window, `sender_cpu_s` the senders' (this process, on the same machine). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import random
 import shutil
 import socket
@@ -40,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from collector import convert, otlp  # noqa: E402
+from collector.ingest import GROUP_MIN_ROWS  # noqa: E402
 from collector.store import Store  # noqa: E402
 from instrumentation import attributes as A  # noqa: E402
 
@@ -138,10 +152,17 @@ def start_collector(data: Path, port: int) -> subprocess.Popen:
     raise SystemExit(f"collector did not start: {(data.parent / 'collector.log').read_text()[-500:]}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(session: int) -> float:
+    """User + system CPU time so far of every process in a session (the collector and its workers)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[3]) == session:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def wait_stored(port: int, want: int, timeout_s: float = 120) -> int:
@@ -189,32 +210,51 @@ def send_all(port: int, bodies: list[bytes], senders: int) -> float:
     return elapsed
 
 
-def raw_insert(data: Path, bodies: list[bytes], block_rows: int) -> dict[str, float]:
-    """Insert the same rows directly, with columns built beforehand, so this times the store alone:
-    through `Store.insert` as the collector calls it (an Arrow table), and, for reference, as Python
-    column lists through clickhouse-connect's Native encoder. Returns rows per second of each."""
+def raw_columns(bodies: list[bytes], how: str) -> tuple[tuple[str, ...], list]:
+    """The collector's rows of `bodies`, as one Arrow table ("arrow") or as Python column lists with a dict
+    per Map value ("native", what clickhouse-connect's column-oriented insert takes)."""
     batch = convert.merge([convert.traces(otlp.decode("traces", b, otlp.PROTOBUF).message) for b in bodies])
     names, table = batch.columns["otel_traces"], batch.tables["otel_traces"]
-    n = table.num_rows
+    if how == "arrow":
+        return names, table
     lists = [table.column(name).to_pylist() for name in names]
-    for row in range(n):  # Map columns come back from Arrow as lists of pairs; the Native encoder wants dicts
+    for row in range(table.num_rows):  # Map columns come back from Arrow as lists of pairs
         for col in (8, 11):
             lists[col][row] = dict(lists[col][row])
         for col in (17, 21):
             lists[col][row] = [dict(m) for m in lists[col][row]]
-    rates = {}
+    return names, lists
+
+
+def raw_leg(how: str, bodies_path: Path, data: Path, block_rows: int) -> dict[str, float]:
+    """Insert the rows of the bodies directly into a fresh store with the collector's schema, in blocks of
+    `block_rows`: warm-up first (not counted), then timed until count() shows every row."""
+    bodies = pickle.loads(bodies_path.read_bytes())
+    warm_names, warm = raw_columns(encode_batches(make_spans(200, seed=1), 512), how)
+    names, columns = raw_columns(bodies, how)
+    n = columns.num_rows if how == "arrow" else len(columns[0])
     with Store.open(f"chdb://{data}") as store:
-        store.insert("otel_traces", names, table.slice(0, 1000), token="warm-up")
-        store.insert("otel_traces", names, [c[:1000] for c in lists], token="warm-up-native")
-        t = time.perf_counter()
+        store.insert("otel_traces", warm_names, warm, token="warm-up")
+        base = store.query("SELECT count() FROM otel_traces").rows[0][0]
+        cpu0, t = time.process_time(), time.perf_counter()
         for i in range(0, n, block_rows):
-            store.insert("otel_traces", names, table.slice(i, block_rows), token=f"raw-{i}")
-        rates["arrow"] = n / (time.perf_counter() - t)
-        t = time.perf_counter()
-        for i in range(0, n, block_rows):
-            store.insert("otel_traces", names, [c[i : i + block_rows] for c in lists], token=f"native-{i}")
-        rates["native"] = n / (time.perf_counter() - t)
-    return rates
+            end = i + block_rows
+            block = columns.slice(i, block_rows) if how == "arrow" else [c[i:end] for c in columns]
+            store.insert("otel_traces", names, block, token=f"raw-{i}")
+        stored = store.query("SELECT count() FROM otel_traces").rows[0][0] - base
+        elapsed = time.perf_counter() - t
+        cpu_s = time.process_time() - cpu0
+    return {"rows": n, "stored": stored, "rows_per_s": n / elapsed, "cpu_s": cpu_s}
+
+
+def run_raw_leg(how: str, bodies_path: Path, data: Path, block_rows: int) -> dict[str, float]:
+    """`raw_leg` in a fresh process (chDB holds one directory per process, as in the collector)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--raw-leg", how, "--bodies", str(bodies_path), "--store", str(data),
+         "--block-rows", str(block_rows)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def main() -> int:
@@ -224,7 +264,14 @@ def main() -> int:
     )
     parser.add_argument("--senders", type=int, default=4, help="concurrent exporters")
     parser.add_argument("--batch", type=int, default=512, help="spans per export request")
+    parser.add_argument("--raw-leg", choices=["native", "arrow"], help=argparse.SUPPRESS)  # internal
+    parser.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--block-rows", type=int, default=GROUP_MIN_ROWS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.raw_leg:
+        print(json.dumps(raw_leg(args.raw_leg, args.bodies, args.store, args.block_rows)))
+        return 0
 
     spans = make_spans(args.requests)
     bodies = encode_batches(spans, args.batch)
@@ -245,9 +292,12 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(30)
-        raw = raw_insert(tmp / "raw-data", bodies, 20_000)
+        (tmp / "bodies.pickle").write_bytes(pickle.dumps(bodies))
+        native = run_raw_leg("native", tmp / "bodies.pickle", tmp / "raw-native", args.block_rows)
+        arrow = run_raw_leg("arrow", tmp / "bodies.pickle", tmp / "raw-arrow", args.block_rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    spans_per_s = len(spans) / elapsed
     result = {
         "spans": len(spans),
         "stored": stored,
@@ -255,20 +305,28 @@ def main() -> int:
         "batch_spans": args.batch,
         "senders": args.senders,
         "mean_body_bytes": sum(map(len, bodies)) // len(bodies),
+        "raw_block_rows": args.block_rows,
         "seconds_to_ack": round(acked_s, 3),
         "seconds_to_store": round(elapsed, 3),
         "collector_cpu_s": round(collector_cpu_s, 2),
         "sender_cpu_s": round(sender_cpu_s, 2),
-        "spans_per_s": round(len(spans) / elapsed),
-        "raw_rows_per_s": round(raw["arrow"]),
-        "raw_native_rows_per_s": round(raw["native"]),
-        "ratio": round((len(spans) / elapsed) / raw["arrow"], 3),
+        "collector_cpu_us": round(collector_cpu_s / len(spans) * 1e6, 1),
+        "raw_cpu_us": round(native["cpu_s"] / native["rows"] * 1e6, 1),
+        "raw_arrow_cpu_us": round(arrow["cpu_s"] / arrow["rows"] * 1e6, 1),
+        "spans_per_s": round(spans_per_s),
+        "raw_rows_per_s": round(native["rows_per_s"]),
+        "raw_arrow_rows_per_s": round(arrow["rows_per_s"]),
+        "ratio": round(spans_per_s / native["rows_per_s"], 3),
+        "ratio_vs_arrow": round(spans_per_s / arrow["rows_per_s"], 3),
         "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    complete = stored == len(spans) and native["stored"] == native["rows"] == arrow["stored"] == arrow["rows"]
     print(f"collector {result['spans_per_s']} spans/s over OTLP/HTTP vs {result['raw_rows_per_s']} rows/s "
-          f"direct (ratio {result['ratio']}); {stored} of {len(spans)} spans stored")  # fmt: skip
+          f"column-oriented insert (ratio {result['ratio']}), {result['raw_arrow_rows_per_s']} rows/s Arrow "
+          f"insert (ratio {result['ratio_vs_arrow']}); {stored} of {len(spans)} spans stored")  # fmt: skip
     print(json.dumps(result))
-    return 0 if stored == len(spans) else 1
+    return 0 if complete else 1
 
 
 if __name__ == "__main__":
