@@ -58,10 +58,26 @@ def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> i
         x = series.get(name)[lo:hi]
         if name in _SPLIT_LOG:
             x = np.log(np.where(x > 0, x, np.nan))
+        elif name == "requests":
+            x = np.nan_to_num(x)  # an interval without a request had zero arrivals
         columns.append(x)
     min_size = max(3, int((hi - lo) * cfg.min_segment_share))
-    k = stats.change_point(columns, min_size)
+    k = stats.change_point(columns, min_size, testable_splits(series.get("requests")[lo:hi], cfg))
     return None if k is None else lo + k
+
+
+def testable_splits(requests: np.ndarray, cfg: DiagnosisConfig) -> np.ndarray | None:
+    """Split indices that leave enough requests on both sides for the regression tests: the P99 tests'
+    minimum when the window holds twice that, else the medians' (None when not even that: any split).
+    A split where one side is too small to test cannot show a regression, however sharp the change
+    there (a burst of queueing in the last seconds of a run, the drain after the load stops)."""
+    n = np.nan_to_num(np.asarray(requests, dtype=float))
+    before = np.concatenate([[0.0], np.cumsum(n)[:-1]])  # requests in the intervals before index k
+    total = float(n.sum())
+    need = cfg.min_requests_p99 if total >= 2 * cfg.min_requests_p99 else cfg.min_requests_p50
+    if total < 2 * need:
+        return None
+    return (before >= need) & (total - before >= need)
 
 
 def diagnose(

@@ -95,11 +95,12 @@ def shift_statistic(x: np.ndarray, min_size: int) -> np.ndarray:
     return out
 
 
-def change_point(series: list[np.ndarray], min_size: int) -> int | None:
+def change_point(series: list[np.ndarray], min_size: int, allowed: np.ndarray | None = None) -> int | None:
     """Index of the first interval after the best single split of a mean shift shared by `series` (equal
     lengths, NaN allowed: filled with the series median), or None when no split is possible. Each series
     votes with the share of its variance the split explains, so a series that steps cleanly at the onset
-    (a configuration change, a collapsed hit rate) outweighs several that merely drift."""
+    (a configuration change, a collapsed hit rate) outweighs several that merely drift. `allowed` (a
+    boolean mask over split indices) restricts where the split may fall."""
     total: np.ndarray | None = None
     for raw in series:
         x = np.asarray(raw, dtype=float)
@@ -111,6 +112,8 @@ def change_point(series: list[np.ndarray], min_size: int) -> int | None:
         if np.all(np.isnan(stat)):
             continue
         total = stat if total is None else np.nansum(np.vstack([total, stat]), axis=0)
+    if total is not None and allowed is not None:
+        total = np.where(np.asarray(allowed, dtype=bool), total, np.nan)
     if total is None or np.all(np.isnan(total)):
         return None
     return int(np.nanargmax(total))

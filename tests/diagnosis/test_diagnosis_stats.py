@@ -52,6 +52,28 @@ def test_change_point_finds_a_step_among_drifting_series() -> None:
     assert stats.change_point([np.ones(10)], 20) is None
 
 
+def test_change_point_keeps_to_the_allowed_splits() -> None:
+    rng = np.random.default_rng(4)
+    late = np.r_[np.zeros(100), np.ones(20)] + rng.normal(0, 0.05, 120)  # the sharpest change, near the end
+    mid = np.r_[np.zeros(60), np.ones(60)] + rng.normal(0, 0.5, 120)  # a real shift, noisier
+    allowed = np.zeros(120, bool)
+    allowed[40:81] = True
+    assert abs(stats.change_point([late, mid], 10) - 100) <= 2
+    assert abs(stats.change_point([late, mid], 10, allowed) - 60) <= 3
+    assert stats.change_point([late, mid], 10, np.zeros(120, bool)) is None
+
+
+def test_testable_splits_leave_enough_requests_on_both_sides() -> None:
+    from diagnosis.engine import testable_splits
+
+    cfg = DiagnosisConfig()
+    ok = testable_splits(np.r_[np.ones(100), np.full(20, np.nan)], cfg)  # 100 requests, none at the end
+    assert ok is not None and np.flatnonzero(ok).tolist() == [50]  # 50 (the P99 minimum) each side
+    ok = testable_splits(np.ones(80), cfg)  # too few for P99 tests: the medians' 30 a side
+    assert ok is not None and np.flatnonzero(ok)[[0, -1]].tolist() == [30, 50]
+    assert testable_splits(np.ones(40), cfg) is None  # too few for any test: the split is free
+
+
 def test_render_writes_typed_literals_and_refuses_the_rest() -> None:
     sql = "SELECT {a:Int64}, {b:Float64}, {s:String}"
     assert queries.render(sql, {"a": 5, "b": 0.5, "s": "it's\\"}) == "SELECT 5, 0.5, 'it\\'s\\\\'"
