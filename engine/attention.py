@@ -45,6 +45,10 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens: list[int]  # python copies, for per-sequence loops without device syncs
     seq_lens_list: list[int]
+    # Static mode's left padding: sequence b's cache positions below key_starts[b] hold pad tokens that
+    # real queries must not see (pad queries see only pads, so every row stays finite). None: no padding.
+    key_starts: torch.Tensor | None = None  # [B] long
+    key_starts_list: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -61,8 +65,10 @@ def make_attention_metadata(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device | str = "cpu",
+    key_starts: list[int] | None = None,
 ) -> AttentionMetadata:
-    """Build metadata from python lists: sequence b adds `query_lens[b]` tokens ending at `seq_lens[b]`.
+    """Build metadata from python lists: sequence b adds `query_lens[b]` tokens ending at `seq_lens[b]`;
+    with `key_starts`, its first `key_starts[b]` cache positions are left padding (masked out).
 
     A plain reference builder (tests, the single-sequence helpers in engine/reference.py); the
     model runner may build the same tensors its own way.
@@ -87,6 +93,8 @@ def make_attention_metadata(
         max_seq_len=max(seq_lens),
         query_lens=list(query_lens),
         seq_lens_list=list(seq_lens),
+        key_starts=None if key_starts is None else torch.tensor(key_starts, **as_long),
+        key_starts_list=None if key_starts is None else list(key_starts),
     )
 
 
@@ -137,11 +145,14 @@ def paged_attention(
     q [T, H, Dh], k and v [T, Hkv, Dh] -> [T, H, Dh]. Query token i of sequence b sits at
     position seq_len_b - query_len_b + i and attends to every cached position <= its own.
     Sequences with one new token (decodes) go through one batched SDPA call; the others
-    (prefills, prefill chunks) get one SDPA call each.
+    (prefills, prefill chunks) get one SDPA call each. Keys below `meta.key_starts` (left padding)
+    are hidden from real queries.
     """
     _write_kv(kv_cache, meta.slot_mapping, k, v)
     if meta.decode_only:
-        return _decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, meta.seq_lens_list, scale)
+        return _decode_attention(
+            q, kv_cache, meta.block_tables, meta.seq_lens, meta.seq_lens_list, scale, meta.key_starts
+        )
     out = torch.empty_like(q)
     starts = _starts(meta.query_lens)
     decode_rows = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
@@ -151,7 +162,8 @@ def paged_attention(
         if qlen > 1:
             s, e = starts[b], starts[b] + qlen
             table, seq_len = meta.block_tables[b], meta.seq_lens_list[b]
-            out[s:e] = _prefill_one(q[s:e], k[s:e], v[s:e], kv_cache, table, seq_len, scale)
+            key_start = meta.key_starts_list[b] if meta.key_starts_list else 0
+            out[s:e] = _prefill_one(q[s:e], k[s:e], v[s:e], kv_cache, table, seq_len, scale, key_start)
     return out
 
 
@@ -188,14 +200,23 @@ def _prefill_one(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    key_start: int = 0,
 ) -> torch.Tensor:
     """One sequence's chunk of new tokens: q [Tq, H, Dh], k and v [Tq, Hkv, Dh] -> [Tq, H, Dh]."""
     qlen = q.shape[0]
-    if qlen == seq_len:  # no cached prefix: attend over the new tokens themselves, plainly causal
+    if qlen == seq_len and key_start == 0:  # no cached prefix: over the new tokens themselves, causal
         return _prefill_attention(q, k, v, None, scale)
-    ctx_k, ctx_v = _gather_kv(kv_cache, block_table, seq_len)  # [S, Hkv, Dh], includes the new tokens
+    if qlen == seq_len:
+        ctx_k, ctx_v = k, v
+    else:
+        ctx_k, ctx_v = _gather_kv(kv_cache, block_table, seq_len)  # [S, Hkv, Dh], includes the new tokens
     # query i sits at position seq_len - qlen + i: a causal mask shifted right by the prefix
     mask = torch.ones(qlen, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=seq_len - qlen)
+    if key_start:
+        # left padding [0, key_start): real queries skip it; pad queries see only pads (finite rows)
+        is_pad_key = torch.arange(seq_len, device=q.device) < key_start  # [S]
+        is_pad_query = torch.arange(seq_len - qlen, seq_len, device=q.device) < key_start  # [Tq]
+        mask &= is_pad_key[None, :] == is_pad_query[:, None]
     return _prefill_attention(q, ctx_k, ctx_v, mask, scale)
 
 
@@ -241,12 +262,14 @@ def _decode_attention(
     seq_lens: torch.Tensor,
     seq_lens_list: list[int],
     scale: float,
+    key_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, H, Dh], block_tables [B, *], seq_lens [B] -> [B, H, Dh].
 
-    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length (no mask
-    when all lengths are equal, e.g. batch 1). GQA without repeating K/V: the G query heads that share
-    a KV head become G "query rows" of that head (one mask fits all: a decode has one position).
+    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length and by
+    `key_starts` [B] (left padding; no mask when all lengths are equal and nothing is padded). GQA
+    without repeating K/V: the G query heads that share a KV head become G "query rows" of that head
+    (one mask fits all: a decode has one position).
     """
     batch, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -254,11 +277,14 @@ def _decode_attention(
     num_blocks = -(-max_len // block_size)
     kv = _gather_blocks(kv_cache, block_tables[:, :num_blocks].reshape(-1))  # [2, B * nb, bs, Hkv, Dh]
     kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)  # [2, B, L, Hkv, Dh]
-    if min(seq_lens_list) == max_len:
+    if min(seq_lens_list) == max_len and key_starts is None:
         kv, mask = kv[:, :, :max_len], None
     else:
         positions = torch.arange(num_blocks * block_size, device=q.device)  # [L]
-        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+        mask = positions[None, :] < seq_lens[:, None]  # [B, L]
+        if key_starts is not None:
+            mask &= positions[None, :] >= key_starts[:, None]
+        mask = mask[:, None, None, :]  # [B, 1, 1, L]
     kv = kv.transpose(2, 3)  # [2, B, Hkv, L, Dh]
     grouped_q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, Dh]
     out = F.scaled_dot_product_attention(grouped_q, kv[0], kv[1], attn_mask=mask, scale=scale)
@@ -279,7 +305,8 @@ def _mixed_decodes(
     rows = torch.tensor(decode_rows, dtype=torch.long, device=q.device)
     lens_list = [meta.seq_lens_list[b] for b in decode_rows]
     tables, lens = meta.block_tables[rows], meta.seq_lens[rows]
-    out[token_idx] = _decode_attention(q[token_idx], kv_cache, tables, lens, lens_list, scale)
+    key_starts = None if meta.key_starts is None else meta.key_starts[rows]
+    out[token_idx] = _decode_attention(q[token_idx], kv_cache, tables, lens, lens_list, scale, key_starts)
 
 
 def _prefill_attention(

@@ -161,7 +161,11 @@ class KVCacheManager:
     def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
         # As allocate_slots counts: prefix-hit blocks become the computed tokens of a new sequence.
         computed = len(computed_blocks) * self.block_size if computed_blocks else seq.num_computed_tokens
-        need = self.blocks_needed(computed + num_new_tokens) - len(seq.block_table) - len(computed_blocks)
+        need = (
+            self.blocks_needed(seq.num_pad_tokens + computed + num_new_tokens)
+            - len(seq.block_table)
+            - len(computed_blocks)
+        )
         revived = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_cnt == 0)
         return need <= self.pool.num_free - revived
 
@@ -173,7 +177,8 @@ class KVCacheManager:
             self.pool.touch(computed_blocks)
             seq.block_table.extend(computed_blocks)
             seq.num_computed_tokens = len(computed_blocks) * self.block_size
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        num_cache_tokens = seq.num_pad_tokens + seq.num_computed_tokens + num_new_tokens  # pads first
+        need = self.blocks_needed(num_cache_tokens) - len(seq.block_table)
         if need > 0:
             seq.block_table.extend(b.block_id for b in self.pool.allocate(need))
         return True
@@ -187,6 +192,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         self._hash_full_blocks(seq)
+        if seq.num_pad_tokens:
+            return  # left-padded (static mode): its blocks do not hold what its token hashes name
         num_full = min(
             seq.num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.block_table)
         )
@@ -198,6 +205,7 @@ class KVCacheManager:
         self.pool.free(reversed(seq.block_table))
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_pad_tokens = 0
 
     def _hash_full_blocks(self, seq: Sequence) -> None:
         bs = self.block_size

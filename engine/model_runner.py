@@ -21,6 +21,8 @@ from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 
+PAD_TOKEN_ID = 0  # fills static mode's left padding; attention masks it, so any id does
+
 
 @dataclass(slots=True)
 class RunnerOutput:
@@ -89,6 +91,7 @@ class ModelRunner:
         qsl = [0]
         seq_lens: list[int] = []
         query_lens: list[int] = []
+        key_starts: list[int] = []
         sample_rows: list[int] = []
         samplers: list[Sequence] = []
         max_blocks = max(len(s.block_table) for s, _ in sched.scheduled)
@@ -96,14 +99,18 @@ class ModelRunner:
         for i, (seq, n) in enumerate(sched.scheduled):
             start = seq.num_computed_tokens
             end = start + n
-            ids.extend(seq.token_ids[start:end])
+            pad = seq.num_pad_tokens  # static mode: token p sits at cache position pad + p
+            lead = pad if start == 0 else 0  # the pads are computed with the first chunk
+            ids.extend([PAD_TOKEN_ID] * lead + seq.token_ids[start:end])
+            pos.extend([0] * lead)  # masked out of every real query: any rotary position does
             pos.extend(range(start, end))
             table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            slots.extend(table[c // bs] * bs + c % bs for c in range(pad + start - lead, pad + end))
             tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(end)
-            query_lens.append(n)
+            qsl.append(qsl[-1] + lead + n)
+            seq_lens.append(pad + end)
+            query_lens.append(lead + n)
+            key_starts.append(pad)
             if end == seq.num_tokens:
                 sample_rows.append(qsl[-1] - 1)
                 samplers.append(seq)
@@ -118,6 +125,9 @@ class ModelRunner:
             query_lens=query_lens,
             seq_lens_list=seq_lens,
         )
+        if any(key_starts):
+            meta.key_starts = torch.tensor(key_starts, dtype=torch.long, device=dev)
+            meta.key_starts_list = key_starts
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)

@@ -8,6 +8,7 @@ per step, so it cannot starve the short requests queued behind it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -160,8 +161,10 @@ class Scheduler:
     def _schedule_static(self) -> SchedulerOutput:
         """Fixed batches: admit a batch only when the last one has fully finished; no chunking.
 
-        Finished members keep their slot and keep decoding (outputs discarded) until the longest
-        one ends, as a padded batch does.
+        Prompts are left-padded to the batch's longest (`Sequence.num_pad_tokens`): the pads are
+        computed in the prefill and hold KV that every decode step reads past, as in a padded
+        `generate()`. Finished members keep their slot and keep decoding (outputs discarded) until the
+        longest one ends.
         """
         out = SchedulerOutput()
         if self.running and all(s.batch_done for s in self.running):
@@ -169,13 +172,7 @@ class Scheduler:
                 self.kv.free(seq)
             self.running.clear()
         if not self.running:
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
-                seq = self.waiting[0]
-                if not self.kv.allocate_slots(seq, seq.num_tokens):
-                    break
-                self.waiting.popleft()
-                self._start(seq, 0, out)
-                out.scheduled.append((seq, seq.num_tokens))
+            self._admit_static_batch(out)
             return out
         for seq in list(self.running):
             num_new = seq.num_tokens - seq.num_computed_tokens
@@ -184,6 +181,23 @@ class Scheduler:
             if seq in self.running and self._reserve(seq, num_new, out):
                 out.scheduled.append((seq, num_new))
         return out
+
+    def _admit_static_batch(self, out: SchedulerOutput) -> None:
+        """The next fixed batch: the first waiting sequences whose padded prompts all fit in the pool."""
+        batch: list[Sequence] = []
+        width = 0  # the longest prompt so far: every member is padded to it
+        for seq in itertools.islice(self.waiting, self.config.max_num_seqs):
+            wider = max(width, seq.num_tokens)
+            if (len(batch) + 1) * self.kv.blocks_needed(wider) > self.kv.num_free_blocks:
+                break
+            batch.append(seq)
+            width = wider
+        for seq in batch:
+            seq.num_pad_tokens = width - seq.num_tokens
+            self.kv.allocate_slots(seq, seq.num_tokens)
+            self.waiting.popleft()
+            self._start(seq, 0, out)
+            out.scheduled.append((seq, seq.num_tokens))
 
     # -- after the forward pass --------------------------------------------------------------
     def update_from_output(

@@ -45,6 +45,9 @@ class Sequence:
     itl_max_ns: int = 0
     itl_count: int = 0
     batch_done: bool = False  # static mode: finished, but its slot runs on (padding) until the batch ends
+    # Static mode: pad tokens left of the prompt in the KV cache, to the batch's longest prompt. Token i
+    # lives at cache position num_pad_tokens + i but keeps rotary position i; attention masks the pads.
+    num_pad_tokens: int = 0
     prefill_only: bool = False  # disaggregated prefill worker: hand off after the first token
 
     @classmethod

@@ -91,3 +91,57 @@ def test_kv_cache_allocation_matches_its_byte_count() -> None:
     assert kv_cache_bytes_per_block(cfg, 16, torch.bfloat16) * 2 == kv_cache_bytes_per_block(
         cfg, 16, torch.float32
     )
+
+
+def _run_padded_case(specs: list[tuple[int, int, int]], num_heads: int = 4, num_kv_heads: int = 2):
+    """specs: (pads, query_len, real_len) per sequence. Its cache holds `pads` garbage positions, then
+    `real_len` real ones; the queries are the last `query_len` cache positions (pads included when it
+    covers them). Returns the real query rows of the paged output and their dense reference."""
+    gen = torch.Generator().manual_seed(1)
+    scale = HEAD_DIM**-0.5
+    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    free_blocks = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    tables, qs, ks, vs, real_rows, expected = [], [], [], [], [], []
+    row = 0
+    for pads, qlen, real in specs:
+        slen = pads + real
+        table = [free_blocks.pop() for _ in range(-(-slen // BLOCK_SIZE))]
+        tables.append(table)
+        full_k = torch.randn(slen, num_kv_heads, HEAD_DIM, generator=gen) * 5  # pads: loud garbage
+        full_v = torch.randn(slen, num_kv_heads, HEAD_DIM, generator=gen) * 5
+        for p in range(slen - qlen):
+            cache[0, table[p // BLOCK_SIZE], p % BLOCK_SIZE] = full_k[p]
+            cache[1, table[p // BLOCK_SIZE], p % BLOCK_SIZE] = full_v[p]
+        q = torch.randn(qlen, num_heads, HEAD_DIM, generator=gen)
+        qs.append(q)
+        ks.append(full_k[slen - qlen :])
+        vs.append(full_v[slen - qlen :])
+        num_real_queries = min(qlen, real)
+        real_rows.extend(range(row + qlen - num_real_queries, row + qlen))
+        row += qlen
+        expected.append(
+            dense_attention_reference(q[qlen - num_real_queries :], full_k[pads:], full_v[pads:], scale)
+        )
+    meta = make_attention_metadata(
+        [q for _, q, _ in specs],
+        [p + r for p, _, r in specs],
+        tables,
+        BLOCK_SIZE,
+        key_starts=[p for p, *_ in specs],
+    )
+    out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), cache, meta, scale)
+    assert torch.isfinite(out).all(), "pad query rows must stay finite"
+    return out[real_rows], torch.cat(expected)
+
+
+PADDED_CASES = {
+    "padded_prefill": [(5, 12, 7), (0, 12, 12), (11, 12, 1)],  # a static batch's prefill
+    "padded_decode": [(5, 1, 9), (0, 1, 14), (11, 1, 3)],  # its decodes
+    "padded_mixed": [(5, 1, 9), (3, 9, 6), (0, 1, 2)],
+}
+
+
+@pytest.mark.parametrize("case", list(PADDED_CASES))
+def test_left_padding_is_invisible_to_real_queries(case: str) -> None:
+    out, expected = _run_padded_case(PADDED_CASES[case])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
