@@ -89,6 +89,10 @@ class BlockPool:
                 raise RuntimeError(f"block {block_id} freed more often than taken")
             if block.ref_cnt == 0 and block_id < self.capacity:
                 self.free_queue[block_id] = None
+            elif block.ref_cnt == 0 and block.block_hash is not None:  # retired by a shrink: forget it,
+                if self.cached.get(block.block_hash) == block_id:  # or a prefix hit would revive it
+                    del self.cached[block.block_hash]
+                block.block_hash = None
 
     def lookup(self, block_hash: bytes) -> int | None:
         return self.cached.get(block_hash)

@@ -156,17 +156,20 @@ def test_kv_cache_pressure_preempts_on_a_shrunk_pool_with_prefix_hits_instead_of
     # The kv_cache_pressure fault shrinks the pool of a running engine whose requests share a cached
     # system prompt. Admission used to undercount a prefix-hit request's blocks and the pool raised
     # "asked for N blocks with M free" in the step loop (the core died mid-scenario).
+    # And blocks still in use when the pool shrank were found again by prefix hits once freed (KeyError).
     core = EngineCore(EngineConfig(model="tiny", num_threads=1, num_kv_blocks=256, block_size=16))
-    core.update_limits(num_kv_blocks=24)  # 384 tokens: two of these requests do not fit together
     system = [256 + i for i in range(160)]  # 10 shared blocks
     sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    for i in range(6):
+    for i in range(8):
         core.add_request(EngineRequest(f"r{i}", system + [7 + i] * 40, sp))
-    finished = set()
+    finished = {o.req_id for _ in range(3) for o in core.step() if o.finished}  # running, prefix cached
+    core.update_limits(num_kv_blocks=24)  # 384 tokens: two of these requests do not fit together
+    for i in range(8, 12):
+        core.add_request(EngineRequest(f"r{i}", system + [7 + i] * 40, sp))
     for _ in range(5000):
         finished |= {o.req_id for o in core.step() if o.finished}
         core.check_invariants()
         if not core.has_unfinished_requests():
             break
-    assert finished == {f"r{i}" for i in range(6)}
+    assert finished == {f"r{i}" for i in range(12)}
     assert core.scheduler.num_preemptions_total > 0
