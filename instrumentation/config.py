@@ -30,7 +30,8 @@ class TelemetryConfig:
     protocol: str = "http/protobuf"  # OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf | grpc
     steps_every: int = 1  # export one engine.step span in N (request phase spans are never thinned)
     slow_request_s: float = 5.0  # a request slower than this keeps its spans whatever the head sampler said
-    sink_capacity_events: int = 200_000  # core sink queue bound; beyond it events are dropped and counted
+    sink_buffer_bytes: int = 4 << 20  # core -> exporter socket buffer (capped by net.core.wmem_max);
+    # a step's events that do not fit are dropped and counted (about 2 KB a step at batch 16)
     model: str = ""
     instance_id: str = ""  # service.instance.id; "" -> host:pid
     role: str = "colocated"  # stepscope.role: colocated | prefill | decode | router

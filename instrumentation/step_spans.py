@@ -2,7 +2,8 @@
 
 `StepTracer(telemetry).consume(events)` turns the events the core drained (engine/events.py) into
 spans with explicit start and end times (monotonic ns + one epoch offset). It runs in-process in
-tests; in the core process `instrumentation.core_sink` calls it on a background thread.
+tests; under `stepscope serve` it runs in the exporter process (`instrumentation.exporter_proc`), on
+the events the core hands over through `instrumentation.core_sink`.
 
     llm_request (front end, SERVER)            engine.step (one per iteration, 1-in-N)
       queue     arrival -> scheduled             engine.step.schedule  start -> schedule end

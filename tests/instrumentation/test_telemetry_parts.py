@@ -1,10 +1,11 @@
-"""The parts around the spans: configuration, the GPU sampler, the core's bounded sink, drop accounting."""
+"""The parts around the spans: configuration, the GPU sampler, the core's bounded hand-off to the exporter
+process, drop accounting."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -13,12 +14,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from span_rig import make_rig, tiny_core
 
 from engine.config import SamplingParams
+from engine.disagg.handoff import KVTransferEvent
+from engine.request import EngineRequest
 from instrumentation import attributes as A
-from instrumentation.config import TelemetryConfig, TelemetryError, telemetry_config
-from instrumentation.core_sink import BackgroundSink
+from instrumentation.config import TelemetryConfig, TelemetryError, epoch_offset_ns, telemetry_config
+from instrumentation.core_sink import EventSender, decode_events, encode_events, start_exporter
+from instrumentation.exporter_proc import Exporter
 from instrumentation.gpu import GpuSampler
 from instrumentation.providers import Telemetry, otlp_exporters
-from instrumentation.step_spans import StepTracer
 
 
 class StandInNvml:
@@ -97,27 +100,72 @@ def test_without_nvml_it_says_so_once_and_samples_host_cpu():
     assert 0 < value <= 1 and len(logs) == 1
 
 
-def test_the_sink_queue_is_bounded_drops_and_counts_and_never_waits():
-    release = threading.Event()
-    seen: list[int] = []
-    sink = BackgroundSink(lambda events: (release.wait(), seen.append(len(events))), capacity_events=10)
-    for _ in range(20):  # the consumer is stuck: the first lists fill the queue, the rest are dropped
-        sink([object()] * 3)
-    assert sink.dropped > 0 and sink.appended <= 10 and sink.appended + sink.dropped == 60
-    release.set()
-    sink.close()
-    assert sum(seen) == sink.appended and sink.consumed == sink.appended
+def test_the_hand_off_to_the_exporter_is_bounded_drops_and_counts_and_never_waits():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sender = EventSender(ours, buffer_bytes=16384)
+    step = _events_of_a_run()[3]
+    for _ in range(200):  # nobody reads: the buffer fills, later steps are dropped, nothing blocks
+        sender(step)
+    assert sender.dropped > 0 and sender.sent > 0 and sender.sent + sender.dropped == 200 * len(step)
+    received = []
+    while True:
+        try:
+            received.append(decode_events(theirs.recv(1 << 20, socket.MSG_DONTWAIT)))
+        except BlockingIOError:
+            break
+    assert sum(len(events) for _, events in received) == sender.sent
+    sender.close()  # the final count travels, then EOF
+    assert decode_events(theirs.recv(1 << 20)) == (sender.dropped, []) and theirs.recv(1 << 20) == b""
 
 
-def test_a_failing_span_builder_stops_tracing_not_the_caller(capsys):
+def test_events_cross_the_hand_off_unchanged():
+    steps = _events_of_a_run()
+    transfer = KVTransferEvent("send", "r1", 10, 20, "00-" + "1" * 32 + "-" + "2" * 16 + "-01", 4096, 2, 1e9)
+    for events in [*steps, [transfer]]:
+        assert decode_events(encode_events(events, dropped=7)) == (7, events)
+
+
+def test_spans_built_from_handed_off_events_are_the_in_process_ones():
+    steps = _events_of_a_run()
+    offset = epoch_offset_ns()  # as the front end hands it to the core
+    direct, handed = make_rig(epoch_offset_ns=offset), make_rig(epoch_offset_ns=offset)
+    for events in steps:
+        direct.steps.consume(events)
+        handed.steps.consume(decode_events(encode_events(events))[1])
+    assert _span_shapes(handed.spans()) == _span_shapes(direct.spans())
+    assert {s.name for s in direct.spans()} >= {A.SPAN_STEP, A.SPAN_QUEUE, A.SPAN_PREFILL, A.SPAN_DECODE}
+
+
+def test_a_failing_span_builder_stops_tracing_not_the_core(capsys):
+    exporter = Exporter(make_rig().telemetry)
+
     def broken(events):
         raise RuntimeError("bug in span building")
 
-    sink = BackgroundSink(broken, capacity_events=100, poll_s=0.001)
-    sink([object()])
-    sink.close()
-    sink([object()])  # still accepted; nothing raises into the step loop
-    assert sink.failed and "tracing stops" in capsys.readouterr().err
+    exporter.tracer.consume = broken
+    step = _events_of_a_run()[0]
+    exporter.handle(encode_events(step))
+    exporter.handle(encode_events(step))  # still accepted; nothing raises
+    assert exporter.failed and capsys.readouterr().err.count("tracing stops") == 1
+
+
+def test_events_the_core_dropped_are_reported_in_the_dropped_metric():
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    telemetry = Telemetry(TelemetryConfig(model="tiny"), exporter, [reader], process="core", batch=False)
+    Exporter(telemetry).handle(encode_events([], dropped=4))
+    points = {p.attributes[A.DROPPED_KIND]: p.value for p in _metric_points(reader, A.METRIC_DROPPED)}
+    assert points == {"spans": 0, "events": 4}
+
+
+def test_an_exporter_that_cannot_start_fails_the_sink_with_its_reason():
+    try:
+        import opentelemetry.exporter.otlp.proto.grpc  # noqa: F401
+
+        pytest.skip("the gRPC exporter is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(TelemetryError, match=r"stepscope\[grpc\]"):
+        start_exporter(TelemetryConfig(protocol="grpc", endpoint="http://127.0.0.1:9"))
 
 
 def test_spans_to_an_unreachable_endpoint_are_counted_as_dropped(monkeypatch):
@@ -129,17 +177,6 @@ def test_spans_to_an_unreachable_endpoint_are_counted_as_dropped(monkeypatch):
         tracer.start_span("x").end()
     telemetry.shutdown(timeout_s=10)
     assert telemetry.dropped_spans == 50
-
-
-def test_step_tracer_reports_sink_drops_in_the_dropped_metric():
-    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
-    telemetry = Telemetry(TelemetryConfig(model="tiny"), exporter, [reader], process="core", batch=False)
-    sink = BackgroundSink(StepTracer(telemetry).consume, capacity_events=0)
-    telemetry.extra_dropped["events"] = lambda: sink.dropped
-    sink([object()] * 4)
-    sink.close()
-    points = {p.attributes[A.DROPPED_KIND]: p.value for p in _metric_points(reader, A.METRIC_DROPPED)}
-    assert points == {"spans": 0, "events": 4}
 
 
 def test_tracing_is_on_with_an_endpoint_and_off_without_or_when_disabled():
@@ -173,6 +210,15 @@ def test_the_core_process_imports_no_opentelemetry_when_tracing_is_off():
     assert out.strip() == "[]"
 
 
+def test_the_core_process_imports_no_opentelemetry_when_tracing_is_on():
+    code = (  # its sink only encodes events; spans are built in the exporter process
+        "import sys, engine.core, engine.core_proc, instrumentation.core_sink\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def _metric_points(reader: InMemoryMetricReader, name: str) -> list:
     data = reader.get_metrics_data()
     return [
@@ -183,6 +229,36 @@ def _metric_points(reader: InMemoryMetricReader, name: str) -> list:
         if m.name == name
         for p in m.data.data_points
     ]
+
+
+def _events_of_a_run() -> list[list]:
+    """Each step's drained events of a small traced run (prefill chunks, decode, a finish)."""
+    core = tiny_core(max_num_batched_tokens=32, enable_chunked_prefill=True)
+    sampling = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for i, n in enumerate((40, 5, 9)):
+        trace = f"00-{i + 1:032x}-{i + 1:016x}-01"
+        core.add_request(EngineRequest(f"r{i}", list(range(1, n + 1)), sampling, trace_context=trace))
+    steps = []
+    while core.has_unfinished_requests():
+        core.step()
+        steps.append(core.drain_events())
+    return steps
+
+
+def _span_shapes(spans) -> list[tuple]:
+    """Spans without their random ids: names, times, attributes, the parent's name or remote id, links."""
+    by_id = {s.context.span_id: s.name for s in spans}
+    return sorted(
+        (
+            s.name,
+            s.start_time,
+            s.end_time,
+            tuple(sorted(s.attributes.items())),
+            by_id.get(s.parent.span_id, s.parent.span_id) if s.parent else None,
+            tuple((ln.context.span_id, tuple(sorted(ln.attributes.items()))) for ln in s.links),
+        )
+        for s in spans
+    )
 
 
 def _burn_cpu() -> None:
