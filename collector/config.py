@@ -37,6 +37,9 @@ class CollectorConfig:
     query_max_rows: int = field(default=10_000, metadata={"help": "row limit of /api/sql"})
     query_timeout_s: float = field(default=30.0, metadata={"help": "time limit of /api/sql and /api queries"})
     retry_after_s: int = field(default=2, metadata={"help": "Retry-After sent with 429 and 503"})
+    convert_workers: int = field(
+        default=1, metadata={"help": "processes converting spans to columns beside the receiver (0: in it)"}
+    )
 
     def __post_init__(self) -> None:
         target = parse_dsn(self.store)  # raises ValueError on a bad DSN
@@ -47,8 +50,8 @@ class CollectorConfig:
         for name in ("spool_max_bytes", "max_body_bytes", "max_inflight", "query_max_rows", "retry_after_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.query_timeout_s <= 0 or self.ttl_days < 0:
-            raise ValueError("query_timeout_s must be positive and ttl_days not negative")
+        if self.query_timeout_s <= 0 or self.ttl_days < 0 or self.convert_workers < 0:
+            raise ValueError("query_timeout_s must be positive, ttl_days and convert_workers not negative")
         if self.spool is None:
             self.spool = (
                 os.path.join(target.path, "spool")

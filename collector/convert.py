@@ -15,9 +15,10 @@ from itertools import chain
 from typing import Any
 
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
 from collector.otlp import PayloadError
-from collector.traces import SPAN_KINDS, STATUS_CODES, TRACE_COLUMNS, spans_table
+from collector.traces import SPAN_KINDS, STATUS_CODES, TRACE_COLUMNS, RawTraceRequest, spans_table
 from collector.values import ZERO_SPAN, ZERO_TRACE, attrs, float_str, hex_id, value_str
 
 __all__ = ["SPAN_KINDS", "STATUS_CODES", "TRACE_COLUMNS", "attrs", "float_str", "value_str"]
@@ -137,16 +138,30 @@ class Batch:
 
 def traces(request: Any) -> Batch:
     """ExportTraceServiceRequest -> rows for otel_traces. Spans without a valid trace or span id are
-    rejected (counted, with a reason), the rest are kept."""
+    rejected (counted, with a reason), the rest are kept. `traces_payload` is the same from the request's
+    bytes, without building the message first (the ingest path)."""
+    if not isinstance(request, RawTraceRequest):
+        request = RawTraceRequest.FromString(request.SerializeToString())
     try:
         table, bad = spans_table(request)
     except OverflowError:  # DateTime64(9) ends in 2262: a time past it is no time a span can have
         raise PayloadError("a span or event time is past the year 2262") from None
+    except DecodeError as e:  # an attribute that is not a KeyValue (a payload not parsed before)
+        raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {e}") from None
     batch = Batch(tables={"otel_traces": table}, columns={"otel_traces": TRACE_COLUMNS})
     if bad:
         batch.rejected = bad
         batch.errors.append(f"{bad} span(s) without a valid 16-byte trace id and 8-byte span id")
     return batch
+
+
+def traces_payload(payload: bytes) -> Batch:
+    """The rows of one ExportTraceServiceRequest's protobuf bytes; PayloadError if they do not parse."""
+    try:
+        request = RawTraceRequest.FromString(payload)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {e}") from None
+    return traces(request)
 
 
 # --- metrics -------------------------------------------------------------------------------------------

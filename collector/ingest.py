@@ -19,17 +19,24 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from collector import convert, otlp
 from collector.spool import Entry, Spool, SpoolFull
 from collector.store import Store, StoreError, StoreUnavailable
+from collector.workers import ConvertPool
 
 log = logging.getLogger(__name__)
 
 GROUP_MAX_ROWS = 100_000  # rows per insert; bounds the memory of one insert
 CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread; past it, re-decoded from disk
-GROUP_MIN_ROWS = 20_000  # below this, wait up to LINGER_S for more: fewer, larger parts for ClickHouse
-LINGER_S = 0.2
+# A group under GROUP_MIN_ROWS waits for more while batches keep coming (the newest is under QUIET_S old),
+# for up to LINGER_MAX_S after its oldest. ClickHouse's CPU per row is several times higher in inserts of a
+# few thousand rows than of 20,000 (a part per table and view, then merges of those parts: docs/collector.md),
+# so a steady stream is grouped into large inserts, and the end of a burst is inserted QUIET_S after it.
+GROUP_MIN_ROWS = 20_000
+QUIET_S = 0.2
+LINGER_MAX_S = 2.0
 MAX_ATTEMPTS = 5  # store errors (not outages) on one group before it is split, or one batch set aside
 
 
@@ -54,7 +61,14 @@ class Ingestor:
     """Owns the store connection, the spool and the insert thread of one collector."""
 
     def __init__(
-        self, dsn: str, spool: Spool, *, ttl_days: int = 0, max_inflight: int = 64, retry_after_s: int = 2
+        self,
+        dsn: str,
+        spool: Spool,
+        *,
+        ttl_days: int = 0,
+        max_inflight: int = 64,
+        retry_after_s: int = 2,
+        convert_workers: int = 0,
     ) -> None:
         self.dsn = dsn
         self.spool = spool
@@ -73,12 +87,15 @@ class Ingestor:
         self._cached_rows = 0
         self._attempts: dict[str, int] = {}
         self._alone: set[str] = set()  # entries to insert one by one after their group kept failing
+        self._workers = ConvertPool(convert_workers) if convert_workers > 0 else None
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         """Open the spool and the store, then start inserting. A server that does not answer is not
         fatal (batches spool until it does); a chDB directory held by another process is (StoreError)."""
         self.spool.open()
+        if self._workers:
+            self._workers.start()
         try:
             self._connect()
         except StoreUnavailable as e:
@@ -101,6 +118,8 @@ class Ingestor:
         if self.store:
             self.store.close()
             self.store = None
+        if self._workers:
+            self._workers.close()
 
     def status(self) -> dict[str, object]:
         return {
@@ -128,7 +147,7 @@ class Ingestor:
                 raise Backpressure(429, "too many concurrent export requests", self.retry_after_s)
             self._inflight += 1
         try:
-            batch = convert.CONVERTERS[signal](decoded.message)
+            batch = self._convert(signal, decoded.message, decoded.payload)
             if batch.tables:
                 token = batch_token(signal, decoded.payload)
                 try:
@@ -199,8 +218,12 @@ class Ingestor:
     def _should_linger(self, pending: list[Entry]) -> bool:
         if self._stop.is_set() or any(e.path.name in self._alone for e in pending):
             return False
-        oldest_age_s = (time.time_ns() - int(pending[0].path.name[:20])) / 1e9
-        return oldest_age_s < LINGER_S and sum(map(self._rows_of, pending)) < GROUP_MIN_ROWS
+        now = time.time_ns()
+        oldest_age_s = (now - int(pending[0].path.name[:20])) / 1e9
+        newest_age_s = (now - int(pending[-1].path.name[:20])) / 1e9
+        if oldest_age_s >= LINGER_MAX_S or newest_age_s >= QUIET_S:
+            return False
+        return sum(map(self._rows_of, pending)) < GROUP_MIN_ROWS
 
     def _insert_group(self, store: Store, manifest: Path, token: str, entries: list[Entry]) -> bool:
         if not entries:
@@ -216,6 +239,7 @@ class Ingestor:
         except StoreError as e:
             self._count_failure(manifest, token, entries, e)
             return False
+        log.debug("inserted a group of %d batches, %d rows", len(entries), _rows(merged))
         self.spool.finish_group(manifest, entries)
         self._forget(entries)
         self._set_up()
@@ -226,12 +250,19 @@ class Ingestor:
         if batch is not None:
             return batch
         try:
-            message = otlp.parse_canonical(entry.signal, self.spool.read(entry))
+            return self._convert(entry.signal, None, self.spool.read(entry))
         except Exception as e:  # a spool file that does not parse can never be inserted
             target = self.spool.set_aside(entry)
             log.error("spooled batch %s does not parse (%s); moved to %s", entry.path.name, e, target)
             return None
-        return convert.CONVERTERS[entry.signal](message)
+
+    def _convert(self, signal: str, message: Any, payload: bytes) -> convert.Batch:
+        """Rows of one request: traces in a worker process when there are workers, the rest here."""
+        if signal == "traces":
+            return self._workers.traces(payload) if self._workers else convert.traces_payload(payload)
+        if message is None:
+            message = otlp.parse_canonical(signal, payload)
+        return convert.CONVERTERS[signal](message)
 
     def _rows_of(self, entry: Entry) -> int:
         batch = self._cache.get(entry.path.name)

@@ -46,6 +46,7 @@ def create_app(config: CollectorConfig, *, alert_rules: Any = None) -> FastAPI:
         ttl_days=config.ttl_days,
         max_inflight=config.max_inflight,
         retry_after_s=config.retry_after_s,
+        convert_workers=config.convert_workers,
     )
 
     @asynccontextmanager

@@ -12,6 +12,9 @@ structure rather than by tricks:
 
 - resource attributes converted once per resource and repeated per row by Arrow (`take`), scope fields
   once per scope;
+- attributes parsed as their encoded bytes (`RawTraceRequest`: the same wire format, with every
+  `attributes` field declared `repeated bytes`), so that a KeyValue seen before costs a dict lookup
+  (values.KeyValueMemo) instead of two upb messages and four field reads;
 - ClickHouse reads the Arrow table natively, so clickhouse-connect has no per-value Python work on insert.
 """
 
@@ -20,8 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from collector.values import ZERO_SPAN, ZERO_TRACE, attrs
+from collector.values import ZERO_SPAN, ZERO_TRACE, KeyValueMemo
 
 TRACE_COLUMNS = (
     "Timestamp",
@@ -84,6 +89,40 @@ _TYPES = {  # every other column is a String
 SCHEMA = pa.schema([(name, _TYPES.get(name, _STR)) for name in TRACE_COLUMNS])
 
 
+def _raw_request_class() -> type:
+    """ExportTraceServiceRequest with every `attributes` field (of KeyValue) read as `repeated bytes`."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: Any) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        for message in proto.message_type:
+            as_bytes(message)
+        pool.Add(proto)
+        added.add(file.name)
+
+    def as_bytes(message: descriptor_pb2.DescriptorProto) -> None:
+        for f in message.field:
+            if f.name == "attributes" and f.type_name.endswith(".KeyValue"):
+                f.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                f.ClearField("type_name")
+        for nested in message.nested_type:
+            as_bytes(nested)
+
+    add(trace_service_pb2.DESCRIPTOR)
+    name = trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR.full_name
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+RawTraceRequest = _raw_request_class()
+_MEMO = KeyValueMemo()  # a pure memo: it changes no result, only what one costs
+
+
 class _FlatMaps:
     """A Map column as flat keys, values and row offsets."""
 
@@ -122,9 +161,11 @@ def _list_array(offsets: list[int], values: pa.Array) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
-def spans_table(request: Any) -> tuple[pa.Table, int]:
-    """The otel_traces rows of one export request, and how many spans were rejected (no valid 16-byte
-    trace id and 8-byte span id)."""
+def spans_table(request: Any, memo: KeyValueMemo = _MEMO) -> tuple[pa.Table, int]:
+    """The otel_traces rows of one export request (a RawTraceRequest), and how many spans were rejected
+    (no valid 16-byte trace id and 8-byte span id). Raises DecodeError for an attribute that is not a
+    KeyValue."""
+    attrs = memo.attrs
     resources = _FlatMaps()
     # per scope (one entry per ScopeSpans): its resource, service, name, version; each row points at one
     scope_resource: list[int] = []
