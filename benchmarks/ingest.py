@@ -52,7 +52,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collector import convert, otlp  # noqa: E402
+from collector import convert  # noqa: E402
 from collector.ingest import GROUP_MIN_ROWS  # noqa: E402
 from collector.store import Store  # noqa: E402
 from instrumentation import attributes as A  # noqa: E402
@@ -213,7 +213,7 @@ def send_all(port: int, bodies: list[bytes], senders: int) -> float:
 def raw_columns(bodies: list[bytes], how: str) -> tuple[tuple[str, ...], list]:
     """The collector's rows of `bodies`, as one Arrow table ("arrow") or as Python column lists with a dict
     per Map value ("native", what clickhouse-connect's column-oriented insert takes)."""
-    batch = convert.merge([convert.traces(otlp.decode("traces", b, otlp.PROTOBUF).message) for b in bodies])
+    batch = convert.merge([convert.traces_payload(b) for b in bodies])
     names, table = batch.columns["otel_traces"], batch.tables["otel_traces"]
     if how == "arrow":
         return names, table

@@ -38,7 +38,11 @@ class CollectorConfig:
     query_timeout_s: float = field(default=30.0, metadata={"help": "time limit of /api/sql and /api queries"})
     retry_after_s: int = field(default=2, metadata={"help": "Retry-After sent with 429 and 503"})
     convert_workers: int = field(
-        default=1, metadata={"help": "processes converting spans to columns beside the receiver (0: in it)"}
+        default=0,
+        metadata={
+            "help": "processes converting spans to columns beside the receiver (0: in it; more only pays "
+            "with cores to spare: docs/collector.md)"
+        },
     )
 
     def __post_init__(self) -> None:

@@ -58,9 +58,10 @@ class UnsupportedMediaType(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A decoded export request and its canonical protobuf bytes (what the spool stores)."""
+    """A decoded export request and its canonical protobuf bytes (what the spool stores); `message` is None
+    when protobuf was passed through unparsed (`decode(..., parse=False)`)."""
 
-    message: Message
+    message: Message | None
     payload: bytes
 
 
@@ -91,10 +92,14 @@ def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> byt
     return out
 
 
-def decode(signal: str, body: bytes, kind: str) -> Decoded:
-    """Parse one export request of `signal` ("traces", "metrics", "logs") from `body` in media type `kind`."""
+def decode(signal: str, body: bytes, kind: str, *, parse: bool = True) -> Decoded:
+    """Parse one export request of `signal` ("traces", "metrics", "logs") from `body` in media type `kind`.
+    With `parse=False` a protobuf body is passed through as it is (message None), for a caller whose
+    converter parses it and refuses what this would refuse (traces: convert.traces_payload)."""
     request_cls = SIGNALS[signal][0]
     message = request_cls()
+    if kind == PROTOBUF and not parse:
+        return Decoded(None, body)
     if kind == PROTOBUF:
         try:
             message.ParseFromString(body)

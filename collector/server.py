@@ -79,7 +79,9 @@ def create_app(config: CollectorConfig, *, alert_rules: Any = None) -> FastAPI:
 
     def ingest(signal: str, body: bytes, content_type: str | None, encoding: str | None) -> tuple[str, bytes]:
         kind = otlp.media_type(content_type)
-        decoded = otlp.decode(signal, otlp.decompress(body, encoding, config.max_body_bytes), kind)
+        body = otlp.decompress(body, encoding, config.max_body_bytes)
+        # protobuf traces are parsed once, by their converter (convert.traces_payload), not here too
+        decoded = otlp.decode(signal, body, kind, parse=signal != "traces")
         outcome = ingestor.submit(signal, decoded)
         return kind, otlp.encode_response(signal, kind, outcome.rejected, outcome.error_message)
 
