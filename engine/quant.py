@@ -9,19 +9,27 @@ Scales are rounded to bfloat16 *before* quantizing, so the bf16 scales the CPU k
 exactly the scales the int8 values were made with (no per-channel gain error from the rounding).
 Values are clamped to [-127, 127]: symmetric, -128 unused.
 
-Kernels, chosen at run time by the activation's device (`int8_matmul`):
-- CPU: `torch._weight_int8pack_mm(x_bf16, w_int8, scales_bf16)`; activations are cast to bf16 at the
-  op boundary and back (fp32 activations into this op are several times slower, docs/engine.md).
-  Only for K a multiple of `PACK_K_MULTIPLE` and at most `PACK_MAX_ROWS` rows (decode-sized batches);
-  other shapes take the dequantizing path below.
-- CUDA (and anything else): dequantize on the fly, `F.linear(x, w_int8.to(x.dtype)) * scales`, the
-  gpt-fast formulation that torch.compile fuses into one kernel. Not measured here (no GPU).
+Kernels, chosen at run time by the activation's device and row count (`int8_matmul`):
+- CPU with fbgemm (x86), at most `DYNAMIC_MAX_ROWS` rows (decode steps): `quantized::linear_dynamic`,
+  int8 activations (quantized per call: one asymmetric uint8 scale over the rows) times the int8 weights,
+  int32 accumulation, fp32 out. Integer multiply-adds run at several times the fp32 rate on AVX2, so the
+  weight read stays the bottleneck: 3-4x fp32 on decode shapes, where `_weight_int8pack_mm` (bf16
+  arithmetic, emulated on AVX2) was compute-bound at 1.0-1.6x. fbgemm takes its own packed copy of the
+  weight (`pack_dynamic`, kept beside `weight`: the int8 bytes twice in memory, read once per step).
+- CPU, otherwise up to `DECODE_MAX_ROWS` rows: `torch._weight_int8pack_mm(x_bf16, w_int8, scales_bf16)`,
+  weights-only int8, activations cast to bf16 and back (fp32 activations into this op are several times
+  slower), K a multiple of `PACK_K_MULTIPLE` only.
+- Longer prefill chunks, and CUDA (and anything else): dequantize on the fly,
+  `F.linear(x, w_int8.to(x.dtype)) * scales`, the gpt-fast formulation that torch.compile fuses into one
+  kernel on a GPU. Not measured on a GPU (none here).
 
 What is quantized: every `nn.Linear` (fused qkv and gate_up as single matrices, and the LM head unless
 it is tied to the embedding, which stays full precision with it). Embeddings and norms are untouched.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +43,14 @@ _MIN_SCALE = 1e-10  # an all-zero row or token gets this scale (its int8 values 
 # torch 2.13's CPU `_weight_int8pack_mm` returns garbage or crashes unless K is a multiple of 16 (seen
 # with K = 8, 24, 40, 100, 172 on AVX2); 64 leaves a margin for wider vector units. Other K: dequantize.
 PACK_K_MULTIPLE = 64
-# The packed kernel wins while the matmul is memory-bound (decode: a few rows); on long prefill chunks its
-# bf16 arithmetic (emulated on AVX2) loses to dequantize-then-fp32-matmul. Crossover measured at 64-128 rows.
-PACK_MAX_ROWS = 64
+# fbgemm's one activation scale per call spans all the rows: fine for a decode batch (one token from each
+# sequence), coarse over a prompt chunk, where one loud token (a trained model's first) sets the scale for
+# all. On `bench`, teacher-forced greedy agreement with fp32: 0.93 fed a token at a time, 0.89 in chunks of
+# 64, 0.96 weights-only. So: decode batches up to the default max_num_seqs, not chunks.
+DYNAMIC_MAX_ROWS = 32
+# The bf16 packed kernel wins while the matmul is memory-bound; on long prefill chunks its emulated bf16
+# arithmetic loses to dequantize-then-fp32-matmul. Crossover measured at 64-128 rows.
+DECODE_MAX_ROWS = 64
 
 
 def resolve_model_dtype(dtype: str, weight_dtype: str, device: torch.device) -> torch.dtype:
@@ -87,10 +100,38 @@ def dequantize_kv(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> 
     return (q.to(torch.float32) * scales.to(torch.float32).unsqueeze(-1)).to(dtype)
 
 
-def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float, w_int8 [N, K], scales [N] bf16 -> [M, N] in x's dtype; the kernel by device."""
-    if x.device.type == "cpu" and w_int8.shape[1] % PACK_K_MULTIPLE == 0 and x.shape[0] <= PACK_MAX_ROWS:
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), w_int8, scales).to(x.dtype)
+def pack_dynamic(w_int8: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject | None:
+    """fbgemm's packed form of w_int8 [N, K] with its scales [N], for `quantized::linear_dynamic`.
+
+    None where there is no such kernel: a tensor off the CPU, a quantized engine other than fbgemm's.
+    """
+    if w_int8.device.type != "cpu" or torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        return None
+    zero_points = torch.zeros(w_int8.shape[0], dtype=torch.long)
+    try:
+        with warnings.catch_warnings():
+            # torch 2.13 warns that quantized tensor *types* are deprecated (pytorch#184982); this one only
+            # carries the weight into the packing and is dropped. If the ops go, the bf16 path takes over.
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch._make_per_channel_quantized_tensor(w_int8, scales.double(), zero_points, 0)
+            return torch.ops.quantized.linear_prepack(qweight, None)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def int8_matmul(
+    x: torch.Tensor, w_int8: torch.Tensor, scales: torch.Tensor, packed: torch.ScriptObject | None = None
+) -> torch.Tensor:
+    """x [M, K] float, w_int8 [N, K], scales [N] bf16 -> [M, N] in x's dtype; the kernel by device.
+
+    `packed` is `pack_dynamic(w_int8, scales)`, the CPU's fast path when there is one.
+    """
+    rows = x.shape[0]
+    if x.device.type == "cpu":
+        if packed is not None and rows <= DYNAMIC_MAX_ROWS:
+            return torch.ops.quantized.linear_dynamic(x.float(), packed).to(x.dtype)
+        if rows <= DECODE_MAX_ROWS and w_int8.shape[1] % PACK_K_MULTIPLE == 0:
+            return torch._weight_int8pack_mm(x.to(torch.bfloat16), w_int8, scales).to(x.dtype)
     return F.linear(x, w_int8.to(x.dtype)) * scales.to(x.dtype)
 
 
@@ -103,6 +144,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", w_int8)  # [N, K] int8
         self.register_buffer("scales", scales)  # [N] bf16
         self.register_buffer("bias", bias)  # [N] in the model dtype, or None
+        self._packed: tuple[tuple, torch.ScriptObject | None] | None = None  # (made from, pack_dynamic)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -121,9 +163,22 @@ class Int8Linear(nn.Module):
                 linear.bias.copy_(self.bias)
         return linear.requires_grad_(False)
 
+    def packed(self) -> torch.ScriptObject | None:
+        """`pack_dynamic` of the current weight and scales (remade when either is replaced or changed)."""
+        w, s = self.weight, self.scales
+        made_from = (w, s, w._version, s._version)
+        cached = self._packed
+        if cached is None or cached[0][0] is not w or cached[0][1] is not s or cached[0][2:] != made_from[2:]:
+            cached = self._packed = (made_from, pack_dynamic(w, s))
+        return cached[1]
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_packed": None}  # copies and pickles pack again on first use
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)  # the CPU kernel takes 2-D activations only
-        out = int8_matmul(flat, self.weight, self.scales)  # [M, N]
+        flat = x.reshape(-1, self.in_features)  # the CPU kernels take 2-D activations only
+        packed = self.packed() if flat.device.type == "cpu" and flat.shape[0] <= DYNAMIC_MAX_ROWS else None
+        out = int8_matmul(flat, self.weight, self.scales, packed)  # [M, N]
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -140,6 +195,7 @@ def quantize_model(model: nn.Module) -> dict[str, Int8Linear]:
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and id(module.weight) not in shared:
             swapped[name] = Int8Linear.from_linear(module)
+            swapped[name].packed()  # at load time rather than in the first decode step
             _set_submodule(model, name, swapped[name])
     return swapped
 

@@ -35,10 +35,12 @@ from engine.faults import EngineFaults, FaultSettings
 from engine.model import build_model
 from engine.protocol import AdminReply, FaultSet, get_codec
 from engine.quant import (
+    DYNAMIC_MAX_ROWS,
     Int8KVCache,
     Int8Linear,
     dequantize_kv,
     dequantize_weight,
+    int8_matmul,
     quantize_kv,
     quantize_model,
     quantize_weight,
@@ -73,8 +75,8 @@ def test_kv_round_trip_error_is_at_most_half_a_step_per_token_and_head() -> None
     assert err[0].max() < 0.05
 
 
-# each kernel path: the packed CPU kernel (K a multiple of 64, a decode-sized batch), K it refuses,
-# and a prefill-sized batch that dequantizes instead
+# each kernel path: a decode-sized batch (fbgemm's int8 x int8 on x86, else the bf16 packed kernel, which
+# refuses K = 172), and a prefill-sized batch that dequantizes instead
 @pytest.mark.parametrize(("in_features", "rows"), [(256, 3), (172, 3), (256, 30)])
 def test_int8_linear_matches_the_dequantized_matmul(in_features: int, rows: int) -> None:
     g = torch.Generator().manual_seed(2)
@@ -86,8 +88,26 @@ def test_int8_linear_matches_the_dequantized_matmul(in_features: int, rows: int)
     expected = F.linear(x, dequantize_weight(q.weight, q.scales, torch.float32), linear.bias)
     out = q(x)
     assert out.shape == (rows, 5, 80) and out.dtype == torch.float32
-    # bf16 activations and output on the CPU kernel: about 3 significant digits
+    # int8 or bf16 activations on the CPU kernels: about 2-3 significant digits
     torch.testing.assert_close(out, expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif(torch.backends.quantized.engine not in ("x86", "fbgemm"), reason="no fbgemm")
+def test_decode_batches_take_fbgemm_int8_activations_repacked_when_the_weights_change() -> None:
+    g = torch.Generator().manual_seed(4)
+    linear = torch.nn.Linear(1024, 256, bias=False)
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.02, generator=g)
+    q = Int8Linear.from_linear(linear)
+    x = torch.randn(DYNAMIC_MAX_ROWS, 1024, generator=g)
+    expected = F.linear(x, dequantize_weight(q.weight, q.scales, torch.float32))
+    out = q(x)
+    assert q.packed() is not None
+    assert not torch.equal(out, int8_matmul(x, q.weight, q.scales))  # not the weights-only bf16 kernel
+    assert (out - expected).norm() / expected.norm() < 0.02  # one uint8 scale over the rows: ~1%
+    torch.testing.assert_close(copy.deepcopy(q)(x), out, atol=0, rtol=0)  # a copy packs its own
+    q.scales = q.scales * 2  # what the scales-on-the-wrong-channels test does: the packed copy follows
+    torch.testing.assert_close(q(x), 2 * out, atol=1e-4 * out.abs().max().item(), rtol=0)
 
 
 def test_quantize_model_swaps_every_linear_and_leaves_embeddings_and_norms() -> None:
