@@ -10,8 +10,10 @@
   the CUDA default, for the ratio a GPU deployment sees).
 - Greedy agreement over 64-token continuations: the fp32 engine's greedy continuation of 4 prompts;
   then, teacher-forced along it, the fraction of positions where the quantized model's greedy choice
-  is the fp32 model's (`greedy_agreement`, int8 weights; `kv_int8_greedy_agreement`). Free-running
-  int8 decoding is also reported as the matching prefix until the first different token
+  is the fp32 model's (`greedy_agreement`, int8 weights; `kv_int8_greedy_agreement`). The continuation
+  runs as one chunk there; `greedy_agreement_decode` feeds it one token per forward instead, so every
+  position goes through the decode kernel (on x86 CPUs int8 activations too, engine/quant.py), as served.
+  Free-running int8 decoding is also reported as the matching prefix until the first different token
   (`greedy_prefix_agreement`): on random weights one flip sends the rest elsewhere (docs/engine.md).
 
 The last line printed is one JSON object.
@@ -31,7 +33,7 @@ from engine.config import EngineConfig, SamplingParams, preset
 from engine.core import EngineCore, kv_block_bytes
 from engine.events import StepEvent
 from engine.llm import LLM
-from engine.reference import continuation_logits
+from engine.reference import SingleSequence, continuation_logits
 from engine.request import EngineRequest
 from engine.sequence import Sequence
 
@@ -85,21 +87,32 @@ def agreement(fp32: EngineCore, int8: EngineCore, prompts: list[list[int]]) -> d
     sp = SamplingParams(max_tokens=CONTINUATION, temperature=0, ignore_eos=True)
     reference = [g.token_ids for g in LLM(core=fp32).generate(prompts, [sp] * len(prompts))]
     free = [g.token_ids for g in LLM(core=int8).generate(prompts, [sp] * len(prompts))]
-    same = {"w8": 0, "kv8": 0}
+    same = {"w8": 0, "w8_decode": 0, "kv8": 0}
     with torch.inference_mode():
         for prompt, cont in zip(prompts, reference, strict=True):
             base = continuation_logits(fp32.runner.model, prompt, cont).argmax(-1)  # [C]
             w8 = continuation_logits(int8.runner.model, prompt, cont).argmax(-1)
             kv8 = continuation_logits(fp32.runner.model, prompt, cont, kv_int8=True).argmax(-1)
             same["w8"] += int((w8 == base).sum())
+            same["w8_decode"] += int((decode_choices(int8.runner.model, prompt, cont) == base).sum())
             same["kv8"] += int((kv8 == base).sum())
     total = CONTINUATION * len(prompts)
     prefix = sum(_common_prefix(a, b) for a, b in zip(reference, free, strict=True))
     return {
         "greedy_agreement": round(same["w8"] / total, 4),
+        "greedy_agreement_decode": round(same["w8_decode"] / total, 4),
         "kv_int8_greedy_agreement": round(same["kv8"] / total, 4),
         "greedy_prefix_agreement": round(prefix / total, 4),
     }
+
+
+def decode_choices(model: torch.nn.Module, prompt: list[int], cont: list[int]) -> torch.Tensor:
+    """Teacher forcing one token per forward (batch-1 decode steps): the greedy choice at each of cont's
+    positions, [C]."""
+    seq = SingleSequence(model, len(prompt) + len(cont))
+    logits = [seq.feed(prompt)[-1]]
+    logits += [seq.feed([token])[-1] for token in cont[:-1]]
+    return torch.stack(logits).argmax(-1)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
