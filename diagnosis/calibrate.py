@@ -34,7 +34,10 @@ CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 
 def cache_key(cfg: ScenarioConfig) -> str:
     """What the capacity depends on: host, model and engine options, workload version."""
-    return json.dumps([socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION])
+    from diagnosis.scenario import fault_workload
+
+    workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
+    return json.dumps([socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION, workload])
 
 
 def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
@@ -55,7 +58,7 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
 
 def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
-    from diagnosis.scenario import warm_up, workloads
+    from diagnosis.scenario import fault_workload, warm_up, workloads
     from diagnosis.scenario_procs import start_server
 
     out = cfg.out
@@ -66,7 +69,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
         warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure
         seqs = int(cfg.max_num_seqs)
         c_shared = max(1, round(seqs * cfg.shared_fraction))
-        mixed, shared = workloads(10_000 + int(cfg.seed))
+        mixed, shared = workloads(10_000 + int(cfg.seed), (), fault_workload(cfg))
         opts = RunOptions(model=cfg.model, drain_timeout_s=0.1, first_index=5_000_000)
 
         async def both() -> list:

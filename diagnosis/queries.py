@@ -117,6 +117,7 @@ SELECT {_SIDE},
        uniq(instance) AS instances,
        quantileIf(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
        quantile(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
+       quantile(0.9)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p90,
        quantileIf(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99
 FROM steps
 WHERE {_SIDES_WHERE}

@@ -55,6 +55,10 @@ class Fault:
     limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
     engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
     serve_args: tuple[str, ...] = ()  # `stepscope serve` options the run needs from its start
+    # The workload the fault needs to show, in both halves (WorkloadConfig fields over `workloads()`).
+    workload: dict[str, Any] = field(default_factory=dict)
+    # Closed-loop clients in all (both streams) instead of the open-loop rate: demand that queues.
+    clients: int | None = None
 
 
 FAULTS: dict[str, Fault] = {
@@ -66,6 +70,10 @@ FAULTS: dict[str, Fault] = {
             0.9,
             (0.6, 0.9),
             shift=lambda v: {"prefix_change_fraction": v},
+            # An application's long system prompt (instructions, tools, few-shot examples): a miss then
+            # costs 1k tokens of prefill. With the default 384 tokens TTFT P50 moved x2 and no test could
+            # tell it from noise at ~50 requests a side.
+            workload={"system_prompt_tokens": 1024},
         ),
         Fault(
             "long_prompts",
@@ -82,20 +90,40 @@ FAULTS: dict[str, Fault] = {
             48,
             (32, 64),
             limits=lambda v, cur: {"max_num_seqs": int(v)},
+            # Demand that queues at the old cap (a batch pipeline keeping 24 requests in flight): only
+            # then does a higher cap change the batch. Open-loop arrivals below the knee keep the batch
+            # at arrivals x latency (Little's law) whatever the cap.
+            clients=24,
         ),
         Fault(
             "prefill_interference",
             "chunked prefill turned off while long prompts arrive among chat traffic",
             None,
             (None, None),
-            limits=lambda v, cur: {"enable_chunked_prefill": False},
+            # As vLLM requires with chunking off, the token budget covers a whole prompt: documents are
+            # prefilled in one step together with the running decodes (with the 256-token budget a long
+            # prompt would instead wait for the batch to empty and run alone).
+            limits=lambda v, cur: {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096},
+            # Longer documents and chat answers, and six clients keeping requests in flight (below the
+            # cap of 8: no queueing at it), so that long prefills land among running decodes whatever
+            # the machine's speed.
+            workload={
+                "summarize_prompt": LengthDist(1536, 0.25, 1024, 2048),
+                "chat_output": LengthDist(48, 0.3, 24, 96),
+            },
+            clients=6,
         ),
         Fault(
             "kv_cache_pressure",
             "the KV block pool cut to a fraction F",
-            0.2,
-            (0.25, 0.15),
+            0.15,
+            (0.2, 0.12),
+            # 768 -> 115 blocks at 0.15 (153 at 0.2, 92 at 0.12; the longest prompt needs 65): a full
+            # batch of 8 (about 100-150 blocks) no longer fits, so running sequences are preempted.
             limits=lambda v, cur: {"num_kv_blocks": max(int(int(cur["num_kv_blocks"]) * v), 1)},  # type: ignore[call-overload]
+            # A busy engine, the batch kept at its cap of 8 by closed-loop clients: at 35% of capacity
+            # on an open loop the batch was ~1 and even 76 blocks preempted once in a run.
+            clients=8,
         ),
         Fault(
             "scheduler_stall",
@@ -189,9 +217,12 @@ class ScenarioConfig:
         ]  # fmt: skip
 
 
-def workloads(seed: int, shifts: tuple[WorkloadShift, ...] = ()) -> tuple[Workload, Workload]:
+def workloads(
+    seed: int, shifts: tuple[WorkloadShift, ...] = (), overrides: dict[str, Any] | None = None
+) -> tuple[Workload, Workload]:
     """The steady mix: chat with some long documents (`mixed`), and chat behind one shared system
-    prompt (`shared-prefix`, where the prefix cache pays). Outputs are short so a CPU run is quick."""
+    prompt (`shared-prefix`, where the prefix cache pays). Outputs are short so a CPU run is quick.
+    `overrides` (WorkloadConfig fields) is a fault's own workload (`Fault.workload`)."""
     base = WorkloadConfig(
         seed=seed,
         chat_prompt=LengthDist(64, 0.5, 16, 256),
@@ -205,12 +236,32 @@ def workloads(seed: int, shifts: tuple[WorkloadShift, ...] = ()) -> tuple[Worklo
         max_prompt_tokens=3500,
         shifts=shifts,
     )
+    base = replace(base, **(overrides or {}))
     return Workload.load("mixed", base), Workload.load("shared-prefix", replace(base, seed=seed + 7919))
 
 
 # -- the run --------------------------------------------------------------------------------------
-def load_specs(rate: float, cfg: ScenarioConfig) -> tuple[LoadSpec, LoadSpec]:
-    """Open-loop Poisson loads of the two streams, `rate` requests/s in all."""
+def fault_workload(cfg: ScenarioConfig) -> dict[str, Any]:
+    """The WorkloadConfig overrides of the run's fault ({} for a healthy run)."""
+    return dict(FAULTS[cfg.fault].workload) if cfg.fault in FAULTS else {}
+
+
+def fault_clients(cfg: ScenarioConfig) -> int | None:
+    """Closed-loop clients of the run's fault (None: the open-loop rate)."""
+    return FAULTS[cfg.fault].clients if cfg.fault in FAULTS else None
+
+
+def load_specs(rate: float | None, cfg: ScenarioConfig) -> tuple[LoadSpec, LoadSpec]:
+    """Open-loop Poisson loads of the two streams, `rate` requests/s in all (or the fault's closed loop
+    of clients, split between the streams as the rate is)."""
+    clients = fault_clients(cfg)
+    if clients is not None:
+        shared_c = max(1, round(clients * cfg.shared_fraction))
+        return (
+            LoadSpec(concurrency=clients - shared_c, duration_s=cfg.duration_s),
+            LoadSpec(concurrency=shared_c, duration_s=cfg.duration_s),
+        )
+    assert rate is not None
     shared = rate * cfg.shared_fraction
     return (
         LoadSpec(rate=rate - shared, duration_s=cfg.duration_s),
@@ -261,12 +312,12 @@ async def _switch_at(
 
 
 async def drive(
-    cfg: ScenarioConfig, url: str, token: str, rate: float, stop: asyncio.Event
+    cfg: ScenarioConfig, url: str, token: str, rate: float | None, stop: asyncio.Event
 ) -> dict[str, Any]:
     """Run both streams with the fault's shift from the onset, and switch the fault's knobs at the onset."""
     fault = FAULTS[cfg.fault] if cfg.fault else None
     shifts = (WorkloadShift(cfg.onset, **fault.shift(cfg.value or 0.0)),) if fault and fault.shift else ()
-    mixed, shared = workloads(cfg.seed, shifts)
+    mixed, shared = workloads(cfg.seed, shifts, fault_workload(cfg))
     load_a, load_b = load_specs(rate, cfg)
     opts = RunOptions(model=cfg.model, timeout_s=300, drain_timeout_s=cfg.drain_timeout_s, seed=cfg.seed)
     t0, start = time.perf_counter(), time.time()
@@ -304,10 +355,11 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         raise ValueError(f"unknown fault {cfg.fault!r}")
     cfg.out.mkdir(parents=True, exist_ok=True)
     rate = cfg.rate
-    if rate is None:
+    closed = fault_clients(cfg) is not None  # the fault's closed loop brings its own demand
+    if rate is None and not closed:
         capacity_rps = capacity_rps or capacity(cfg)
         rate = round(cfg.load_fraction * capacity_rps, 3)
-    if cfg.duration_s < min_duration_s(rate, cfg.onset / cfg.duration_s):
+    if not closed and cfg.duration_s < min_duration_s(rate, cfg.onset / cfg.duration_s):
         cfg.log(
             f"scenario: warning: {rate}/s for {cfg.duration_s:g}s brings fewer than {MIN_REQUESTS_PER_SIDE} "
             f"requests to a side of the onset; the diagnosis may not test tail latencies"
@@ -323,7 +375,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         procs.append(server)
         warm_up(url, cfg.model)
         cfg.log(
-            f"scenario: {cfg.fault or 'healthy'}={cfg.value} rate {rate}/s "
+            f"scenario: {cfg.fault or 'healthy'}={cfg.value} "
+            f"{f'{fault_clients(cfg)} clients' if closed else f'rate {rate}/s'} "
             f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
         )
         run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate))
@@ -343,6 +396,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "load": {"rate_rps": rate, "capacity_rps": capacity_rps, "load_fraction": cfg.load_fraction},
         "model": cfg.model,
         "engine": cfg.engine_args(),
+        "workload": {k: str(v) for k, v in fault_workload(cfg).items()},  # the fault's, over the default
+        "clients": fault_clients(cfg),  # closed loop instead of the rate
         "duration_s": cfg.duration_s,
         "onset_s": cfg.onset if cfg.fault else None,
         "store": f"chdb://{cfg.out}",
@@ -354,7 +409,9 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     return truth
 
 
-async def _drive_until_interrupted(cfg: ScenarioConfig, url: str, token: str, rate: float) -> dict[str, Any]:
+async def _drive_until_interrupted(
+    cfg: ScenarioConfig, url: str, token: str, rate: float | None
+) -> dict[str, Any]:
     stop = asyncio.Event()
     try:
         return await drive(cfg, url, token, rate, stop)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from diagnosis.eval import Case, grid, scoreboard
-from diagnosis.scenario import FAULTS, ScenarioConfig, parse_fault, run_scenario, workloads
+from diagnosis.scenario import FAULTS, ScenarioConfig, load_specs, parse_fault, run_scenario, workloads
 from loadgen.workloads import WorkloadShift
 
 ONSET_S = 10.0
@@ -49,7 +49,10 @@ def test_overload_raises_the_arrival_rate_from_the_onset():
 def test_config_and_engine_faults_map_onto_admin_knobs():
     assert FAULTS["kv_cache_pressure"].limits(0.1, {"num_kv_blocks": 768}) == {"num_kv_blocks": 76}
     assert FAULTS["oversized_batch"].limits(48, {}) == {"max_num_seqs": 48}
-    assert FAULTS["prefill_interference"].limits(0, {}) == {"enable_chunked_prefill": False}
+    assert FAULTS["prefill_interference"].limits(0, {}) == {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 4096,
+    }
     assert FAULTS["scheduler_stall"].engine(50) == {"scheduler_stall_ms": 50.0}
     assert FAULTS["rpc_overhead"].engine(8) == {"rpc_codec": "slow:8"}
 
@@ -99,6 +102,39 @@ def test_eval_grid_and_scoreboard_count_hits_and_healthy_findings():
     assert board["top1_accuracy"] == 0.5
     assert board["healthy_false_positives"] == 1
     assert board["no_baseline"]["confusion"]["scheduler_stall"] == {"rpc_overhead": 1}
+
+
+def test_scoreboard_reports_both_modes_with_no_baseline_as_the_headline():
+    def res(fault, no_baseline, baseline):
+        expected = Case(fault, None, 1).expected
+        modes = {
+            m: {"predicted": p, "causes": [p] if p else [], "onset_error_s": 0.0, "correct": p == expected}
+            for m, p in (("no_baseline", no_baseline), ("baseline", baseline))
+        }
+        return {"fault": fault, "expected": expected, **modes}
+
+    board = scoreboard([res("long_prompts", None, "long_prompts"), res(None, None, None)])
+    assert board["mode"] == "no_baseline" and board["top1_accuracy"] == 0.0
+    assert board["top1_accuracy_by_mode"] == {"no_baseline": 0.0, "baseline": 1.0}
+    assert board["healthy_false_positives_by_mode"] == {"no_baseline": 0, "baseline": 0}
+
+
+def test_faults_bring_the_workload_and_demand_they_need_to_show():
+    # prefix_cache_miss: a long shared system prompt, so that a miss costs real prefill
+    default, long_prefix = workloads(3)[1], workloads(3, (), FAULTS["prefix_cache_miss"].workload)[1]
+    assert len(long_prefix.system_prompt) > 2 * len(default.system_prompt)
+    # oversized_batch: closed-loop clients beyond the old cap of 8, so requests queue at it
+    cfg = ScenarioConfig(out=Path("/nonexistent"), fault="oversized_batch", value=48)
+    specs = load_specs(None, cfg)
+    assert all(s.rate is None for s in specs) and sum(s.concurrency for s in specs) > cfg.max_num_seqs
+    assert all(s.rate is not None for s in load_specs(1.0, ScenarioConfig(out=Path("/nonexistent"))))
+    # prefill_interference: chunking off with a budget that fits a whole prompt, as vLLM requires
+    limits = FAULTS["prefill_interference"].limits(0.0, {})
+    assert limits["enable_chunked_prefill"] is False and limits["max_num_batched_tokens"] >= 2048
+    # kv_cache_pressure: the pool cut below a full batch of 8, above the longest prompt (65 blocks)
+    kv = FAULTS["kv_cache_pressure"]
+    blocks = [kv.limits(v, {"num_kv_blocks": 768})["num_kv_blocks"] for v in (kv.default, *kv.magnitudes)]
+    assert all(65 < b < 160 for b in blocks)
 
 
 def test_a_short_scenario_writes_truth_and_stores_the_run(tmp_path: Path):
