@@ -187,7 +187,8 @@ class Ingestor:
             backoff = 0.1 if idle else min(backoff * 2, 10.0)
 
     def _insert_once(self) -> bool:
-        """Finish recorded groups, then group and insert pending entries. True if anything went in."""
+        """Finish recorded groups, then group and insert pending entries. True if anything went in, or if
+        a small group waited for more (waiting is no failure: the loop must not back off after it)."""
         store = self.store or self._connect()
         progressed = False
         for manifest, token, entries in self.spool.groups():
@@ -198,9 +199,11 @@ class Ingestor:
                 store.query("SELECT 1")
                 self._set_up()
             return progressed
-        if self._should_linger(pending):
-            time.sleep(0.02)
-            return progressed
+        linger_s = self._linger_s(pending)
+        if linger_s > 0:  # woken early by each new batch, to see whether the group is large enough now
+            self._wake.wait(timeout=linger_s)
+            self._wake.clear()
+            return True
         group, rows = [], 0
         for entry in pending:
             if entry.path.name in self._alone:
@@ -215,15 +218,17 @@ class Ingestor:
         manifest = self.spool.write_group(token, group)
         return self._insert_group(store, manifest, token, group) or progressed
 
-    def _should_linger(self, pending: list[Entry]) -> bool:
+    def _linger_s(self, pending: list[Entry]) -> float:
+        """How long the pending entries may wait for more before they go in as a group (0: now)."""
         if self._stop.is_set() or any(e.path.name in self._alone for e in pending):
-            return False
+            return 0.0
         now = time.time_ns()
         oldest_age_s = (now - int(pending[0].path.name[:20])) / 1e9
         newest_age_s = (now - int(pending[-1].path.name[:20])) / 1e9
-        if oldest_age_s >= LINGER_MAX_S or newest_age_s >= QUIET_S:
-            return False
-        return sum(map(self._rows_of, pending)) < GROUP_MIN_ROWS
+        wait_s = min(LINGER_MAX_S - oldest_age_s, QUIET_S - newest_age_s)
+        if wait_s <= 0 or sum(map(self._rows_of, pending)) >= GROUP_MIN_ROWS:
+            return 0.0
+        return wait_s
 
     def _insert_group(self, store: Store, manifest: Path, token: str, entries: list[Entry]) -> bool:
         if not entries:

@@ -89,4 +89,5 @@ def _pending(spool: Spool, ages_s: list[float], spans: int) -> list:
 def test_a_small_group_waits_only_while_batches_keep_coming(tmp_path, ages_s, spans, lingers):
     spool = Spool(tmp_path / "spool", 1 << 30).open()
     ingestor = Ingestor("chdb://memory", spool)
-    assert ingestor._should_linger(_pending(spool, ages_s, spans)) is lingers
+    wait_s = ingestor._linger_s(_pending(spool, ages_s, spans))
+    assert (wait_s > 0) is lingers and wait_s <= QUIET_S
