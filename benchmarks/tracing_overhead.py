@@ -3,26 +3,31 @@
     python benchmarks/tracing_overhead.py [--model small] [--rounds 3] [--requests 48]
 
 Two servers run side by side, one without telemetry and one with `--otlp-endpoint` exporting
-over OTLP/HTTP (protobuf) to a live receiver in this process (it decodes each export to count the
-spans, as a collector would). Runs alternate off/on in ABBA order after one warm-up run each, so
-drift on a shared machine falls on both sides. Each run sends the same seeded requests (prompt
-token ids, greedy, EOS ignored) with a fixed concurrency; throughput is output tokens over wall time.
-Both servers use `--num-threads 1` by default: on a shared 2-core machine, torch's two intra-op
-threads stall each other whenever another process takes a core, which swamps what is measured.
-Besides wall-clock throughput it reports CPU seconds per output token of both server processes
-(front end + core, from /proc), which other load disturbs far less: `cpu_overhead_pct`.
+over OTLP/HTTP (protobuf) to a live receiver in a process of its own (it decodes each export to
+count the spans, as a collector would; inside this process its decoding would take the GIL from the
+load generator during the traced runs only). Runs alternate off/on in ABBA order after one warm-up
+run each, so drift on a shared machine falls on both sides. Each run sends the same seeded requests
+(prompt token ids, greedy, EOS ignored) with a fixed concurrency; throughput is output tokens over
+wall time. Both servers use `--num-threads 1` by default: on a shared 2-core machine, torch's two
+intra-op threads stall each other whenever another process takes a core, which swamps what is measured.
+Besides wall-clock throughput it reports CPU seconds per output token of all of each server's
+processes (front end, core, and the traced core's exporter process; the traced server's split is
+`on_cpu_ms_per_tok_by_process`), which other load disturbs less: `cpu_overhead_pct`.
 A third figure does not depend on other load at all: the same workload runs once in this process
-with events recorded, and the span building plus OTLP protobuf encoding of everything the core
-would export is timed on its own (thread CPU time), per output token, against the untraced server's
-CPU per token: `est_overhead_pct` (the front end's per-request span is left out: ~0.2 ms a request).
-The last line printed is one JSON object: off_tok_s, on_tok_s (medians), overhead_pct, the runs.
+with events recorded, and the span building plus OTLP protobuf encoding of everything the core's
+exporter would export is timed on its own (thread CPU time), per output token, against the untraced
+server's CPU per token: `est_overhead_pct` (the front end's per-request span is left out: ~0.2 ms a
+request). The last line printed is one JSON object: off_tok_s, on_tok_s (medians), overhead_pct,
+the per-pair overheads, the load average, the runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -33,6 +38,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
@@ -41,35 +47,54 @@ STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 
 
 class Receiver:
-    """OTLP/HTTP receiver that decodes trace exports and counts spans by name."""
+    """OTLP/HTTP receiver in a process of its own (its decoding must not take the GIL from this
+    process's load generator during the traced runs only); it decodes each trace export and counts
+    spans by name, as a collector would. `counts()` asks it for the totals."""
 
     def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_receive, args=(child,), daemon=True)
+        self.proc.start()
+        self.url = self._conn.recv()
 
-        self.counts: dict[str, int] = {}
-        receiver = self
+    def counts(self) -> dict[str, int]:
+        self._conn.send("counts")
+        return self._conn.recv()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.join(5)
 
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/v1/traces":
-                    req = ExportTraceServiceRequest()
-                    req.ParseFromString(body)
-                    for rs in req.resource_spans:
-                        for ss in rs.scope_spans:
-                            for s in ss.spans:
-                                receiver.counts[s.name] = receiver.counts.get(s.name, 0) + 1
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def _receive(conn: Connection) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    counts: dict[str, int] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/v1/traces":
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            counts[s.name] = counts.get(s.name, 0) + 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conn.send(f"http://127.0.0.1:{server.server_address[1]}")
+    while conn.recv() == "counts":
+        conn.send(dict(counts))
 
 
 def start_server(model: str, log: Path, options: list[str]) -> tuple[subprocess.Popen, str]:
@@ -95,14 +120,31 @@ def start_server(model: str, log: Path, options: list[str]) -> tuple[subprocess.
     sys.exit("server did not come up")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a server: its front end and its core process (a child)."""
-    pids = [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
-    ticks = 0
-    for p in pids:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (a server: front end, core, and the core's exporter process)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        p = pids[i]
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                pids += map(int, (task / "children").read_text().split())
+        i += 1
+    return pids
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU of a server's processes, by role: frontend, core, exporter."""
+    out = {"frontend": 0.0, "core": 0.0, "exporter": 0.0}
+    for p in process_tree(pid):
+        try:
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        role = "core" if b"engine.core_proc" in cmdline else "frontend"
+        role = "exporter" if b"instrumentation.exporter_proc" in cmdline else role
+        out[role] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return out
 
 
 def tracing_cpu_ms_per_token(model: str, bodies: list[dict], concurrency: int, steps_every: int) -> float:
@@ -204,6 +246,7 @@ def main() -> None:
     bodies = workload(args.requests, seed=0)
     runs: dict[str, list[float]] = {"off": [], "on": []}
     cpu_per_tok: dict[str, list[float]] = {"off": [], "on": []}
+    by_process: dict[str, list[float]] = {"frontend": [], "core": [], "exporter": []}  # the traced server
     tokens_per_run = sum(b["max_tokens"] for b in bodies)
     try:
         for mode in ("off", "on"):  # warm-up: first-call costs (allocations, imports) left out
@@ -212,11 +255,16 @@ def main() -> None:
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 cpu0 = cpu_seconds(servers[mode][0].pid)
                 tok_s = asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
-                cpu_ms = (cpu_seconds(servers[mode][0].pid) - cpu0) / tokens_per_run * 1e3
+                cpu1 = cpu_seconds(servers[mode][0].pid)
+                cpu_ms = (sum(cpu1.values()) - sum(cpu0.values())) / tokens_per_run * 1e3
                 runs[mode].append(tok_s)
                 cpu_per_tok[mode].append(cpu_ms)
+                if mode == "on":
+                    for role in by_process:
+                        by_process[role].append((cpu1[role] - cpu0[role]) / tokens_per_run * 1e3)
                 print(
-                    f"round {r} {mode:>3}: {tok_s:8.1f} tok/s {cpu_ms:6.2f} CPU ms/tok",
+                    f"round {r} {mode:>3}: {tok_s:8.1f} tok/s {cpu_ms:6.2f} CPU ms/tok "
+                    f"(load average {os.getloadavg()[0]:.2f})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -225,6 +273,9 @@ def main() -> None:
         for proc, _ in servers.values():
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
+        time.sleep(1)  # the exporter's final flush
+        spans_received = receiver.counts()
+        receiver.close()
     tracing_ms = tracing_cpu_ms_per_token(args.model, bodies, args.concurrency, int(args.trace_steps_every))
     off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
     cpu_off, cpu_on = statistics.median(cpu_per_tok["off"]), statistics.median(cpu_per_tok["on"])
@@ -239,12 +290,17 @@ def main() -> None:
         "off_cpu_ms_per_tok": round(cpu_off, 3),
         "on_cpu_ms_per_tok": round(cpu_on, 3),
         "cpu_overhead_pct": round((cpu_on - cpu_off) / cpu_off * 100, 2),
+        "on_cpu_ms_per_tok_by_process": {k: round(statistics.median(v), 4) for k, v in by_process.items()},
         "tracing_cpu_ms_per_tok": round(tracing_ms, 4),
         "est_overhead_pct": round(tracing_ms / cpu_off * 100, 2),
         "threads": int(args.threads),
         "runs_off_tok_s": [round(x, 1) for x in runs["off"]],
         "runs_on_tok_s": [round(x, 1) for x in runs["on"]],
-        "spans_received": dict(sorted(receiver.counts.items())),
+        "pair_overhead_pct": [
+            round((a - b) / a * 100, 2) for a, b in zip(runs["off"], runs["on"], strict=True)
+        ],
+        "load_average": round(os.getloadavg()[0], 2),
+        "spans_received": dict(sorted(spans_received.items())),
     }
     print(
         f"tracing overhead: {result['overhead_pct']}% throughput ({on:.1f} vs {off:.1f} tok/s), "

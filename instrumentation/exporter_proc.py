@@ -39,7 +39,7 @@ from instrumentation.step_spans import StepTracer
 class Exporter:
     """Builds spans from the core's datagrams. `handle(data)` takes one; `run(sock)` reads to EOF."""
 
-    def __init__(self, telemetry: Telemetry, gpu: GpuSampler | None = None, poll_s: float = 0.1) -> None:
+    def __init__(self, telemetry: Telemetry, gpu: GpuSampler | None = None, poll_s: float = 0.25) -> None:
         self.telemetry, self.gpu, self.poll_s = telemetry, gpu, poll_s
         self.tracer = StepTracer(telemetry, gpu=gpu.take_fresh if gpu else None)
         self.core_dropped = 0  # events the core could not send, as it last told us
