@@ -33,9 +33,10 @@ CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread;
 # A group under GROUP_MIN_ROWS waits for more while batches keep coming (the newest is under QUIET_S old),
 # for up to LINGER_MAX_S after its oldest. ClickHouse's CPU per row is several times higher in inserts of a
 # few thousand rows than of 20,000 (a part per table and view, then merges of those parts: docs/collector.md),
-# so a steady stream is grouped into large inserts, and the end of a burst is inserted QUIET_S after it.
+# so a steady stream is grouped into large inserts (also when a loaded machine stalls it for a moment), and
+# the end of a burst is inserted QUIET_S after it.
 GROUP_MIN_ROWS = 20_000
-QUIET_S = 0.2
+QUIET_S = 0.5
 LINGER_MAX_S = 2.0
 MAX_ATTEMPTS = 5  # store errors (not outages) on one group before it is split, or one batch set aside
 

@@ -102,13 +102,16 @@ class KeyValueMemo:
     Reading a KeyValue through upb builds a Python object per message and field read (about 0.5 us per
     attribute); most of a span's attributes are byte for byte those of earlier spans (model, dtype, small
     counts), and a dict lookup on their bytes is several times cheaper. The memo never changes a result,
-    only its cost; past `max_entries` it starts again, so memory stays bounded.
+    only its cost. It keeps two generations of at most `max_entries` each: when the young one is full it
+    becomes the old one (and the old one is dropped); a hit in the old generation moves back to the young.
+    So values seen once (ids, measured times) age out while the recurring ones stay, in bounded memory.
     """
 
-    __slots__ = ("_pairs", "max_entries")
+    __slots__ = ("_old", "_pairs", "max_entries")
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = 50_000) -> None:
         self._pairs: dict[bytes, tuple[str, str]] = {}
+        self._old: dict[bytes, tuple[str, str]] = {}
         self.max_entries = max_entries
 
     def attrs(self, encoded: Any) -> dict[str, str]:
@@ -119,13 +122,26 @@ class KeyValueMemo:
         for raw in encoded:
             pair = get(raw)
             if pair is None:
-                pair = self._convert(raw)
+                pair = self._miss(raw)
+                get = self._pairs.get  # a new young generation may have begun
             out[pair[0]] = pair[1]
         return out
 
-    def _convert(self, raw: bytes) -> tuple[str, str]:
-        ((key, value),) = attrs((KeyValue.FromString(raw),)).items()
+    def _miss(self, raw: bytes) -> tuple[str, str]:
+        pair = self._old.get(raw)
+        if pair is None:
+            pair = _key_value(KeyValue.FromString(raw))
         if len(self._pairs) >= self.max_entries:
-            self._pairs.clear()
-        self._pairs[raw] = (key, value)
-        return key, value
+            self._old, self._pairs = self._pairs, {}
+        self._pairs[raw] = pair
+        return pair
+
+
+def _key_value(kv: Any) -> tuple[str, str]:
+    v = kv.value
+    kind = v.WhichOneof("value")  # the two kinds that miss most (ids, counts) inline, as in attrs()
+    if kind == "string_value":
+        return kv.key, v.string_value
+    if kind == "int_value":
+        return kv.key, str(v.int_value)
+    return kv.key, value_str(v)
