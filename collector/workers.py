@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
+import time
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 import pyarrow as pa
@@ -41,6 +43,17 @@ def _ready() -> bool:
     return True
 
 
+def _exit_with(parent_pid: int) -> None:
+    """In a worker: exit once the collector is gone, even after a `kill -9` that reached it alone."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 class ConvertPool:
     """`workers` processes converting trace payloads; `traces()` blocks the calling thread (not the GIL)."""
 
@@ -56,7 +69,9 @@ class ConvertPool:
         with self._lock:
             if self._pool is None:
                 spawn = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=spawn)
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=spawn, initializer=_exit_with, initargs=(os.getpid(),)
+                )
                 for _ in range(self.workers):
                     self._pool.submit(_ready)
 
