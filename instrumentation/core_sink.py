@@ -39,7 +39,6 @@ from engine.events import Event, RequestEvent, ScheduledChunk, StepEvent
 from instrumentation.config import TelemetryConfig, TelemetryError
 
 _STEP, _REQUEST, _OTHER = 0, 1, 2
-_MAX_MESSAGE = 1 << 24  # the receiver's read size; the socket buffer bounds real datagrams well below
 
 
 def _getter(cls: type) -> tuple[operator.attrgetter, tuple[str, ...]]:
@@ -164,7 +163,7 @@ def start_exporter(
     theirs.close()
     ours.settimeout(startup_timeout_s)
     try:
-        reply = ours.recv(_MAX_MESSAGE)
+        reply = ours.recv(4096)
     except OSError:  # timed out
         reply = b""
     status, message = marshal.loads(reply) if reply else ("error", "the exporter process exited")

@@ -30,7 +30,7 @@ import time
 import traceback
 
 from instrumentation.config import TelemetryConfig, TelemetryError
-from instrumentation.core_sink import _MAX_MESSAGE, decode_events
+from instrumentation.core_sink import decode_events
 from instrumentation.gpu import GpuSampler
 from instrumentation.providers import Telemetry
 from instrumentation.step_spans import StepTracer
@@ -43,6 +43,8 @@ class Exporter:
         self.telemetry, self.gpu, self.poll_s = telemetry, gpu, poll_s
         self.tracer = StepTracer(telemetry, gpu=gpu.take_fresh if gpu else None)
         self.core_dropped = 0  # events the core could not send, as it last told us
+        # A datagram never exceeds the sender's buffer: SO_SNDBUF, which the kernel doubles.
+        self._buffer = memoryview(bytearray(2 * telemetry.config.sink_buffer_bytes))
         self.failed = False
         telemetry.extra_dropped["events"] = lambda: self.core_dropped
         if gpu is not None:
@@ -50,15 +52,15 @@ class Exporter:
             gpu.start()
 
     def handle(self, data: bytes) -> None:
-        dropped, events = decode_events(data)
-        self.core_dropped = max(self.core_dropped, dropped)
-        if self.failed or not events:
-            return
         try:
-            self.tracer.consume(events)
+            dropped, events = decode_events(data)
+            self.core_dropped = max(self.core_dropped, dropped)
+            if not self.failed:
+                self.tracer.consume(events)
         except Exception:  # a tracing bug stops tracing, never the engine
-            traceback.print_exc()
-            print("stepscope telemetry: building spans failed; tracing stops", file=sys.stderr, flush=True)
+            if not self.failed:
+                traceback.print_exc()
+                print("stepscope telemetry: building spans failed; tracing stops", file=sys.stderr)
             self.failed = True
 
     def run(self, sock: socket.socket) -> None:
@@ -73,14 +75,14 @@ class Exporter:
         """Handle every datagram pending now; False at EOF."""
         while True:
             try:
-                data = sock.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
+                n = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return True
             except OSError:
                 return False
-            if not data:
+            if not n:
                 return False
-            self.handle(data)
+            self.handle(self._buffer[:n])
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the sampler, flush and stop the providers (giving up after `timeout_s`)."""
