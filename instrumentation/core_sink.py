@@ -29,10 +29,10 @@ import dataclasses
 import json
 import marshal
 import operator
-import pickle
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from engine.events import Event, RequestEvent, ScheduledChunk, StepEvent
@@ -53,8 +53,10 @@ _SCHEDULED = _STEP_FIELDS.index("scheduled")
 
 
 def encode_events(events: list[Event], dropped: int = 0) -> bytes:
-    """One step's events as one datagram: plain tuples through `marshal` (events of other types, e.g.
-    disaggregation's KV transfers, are rare and go through pickle). `dropped`: the sender's total so far."""
+    """One step's events as one datagram: plain tuples through `marshal`. Events of other dataclasses
+    (disaggregation's KV transfers: rare, flat) travel as field names and values and arrive as
+    namespaces with the same attributes, so the exporter never imports their modules (and torch).
+    `dropped`: the sender's total so far. Raises ValueError for a value marshal cannot carry."""
     out: list[tuple] = []
     for ev in events:
         cls = type(ev)
@@ -65,7 +67,8 @@ def encode_events(events: list[Event], dropped: int = 0) -> bytes:
         elif cls is RequestEvent:
             out.append((_REQUEST, _REQUEST_GET(ev)))
         else:
-            out.append((_OTHER, pickle.dumps(ev)))
+            names = tuple(f.name for f in dataclasses.fields(ev))
+            out.append((_OTHER, (names, operator.attrgetter(*names)(ev))))
     return marshal.dumps((dropped, out))
 
 
@@ -80,7 +83,8 @@ def decode_events(data: bytes) -> tuple[int, list[Event]]:
         elif tag == _REQUEST:
             events.append(RequestEvent(*values))
         else:
-            events.append(pickle.loads(values))
+            names, fields = values
+            events.append(SimpleNamespace(**dict(zip(names, fields, strict=True))))
     return dropped, events
 
 
@@ -101,7 +105,7 @@ class EventSender:
         try:
             self.sock.send(encode_events(events, self.dropped))
             self.sent += len(events)
-        except OSError:  # EAGAIN: buffer full; EMSGSIZE; EPIPE/ECONNRESET: the exporter is gone
+        except (OSError, ValueError):  # EAGAIN: buffer full; EMSGSIZE; EPIPE: the exporter is gone
             self.dropped += len(events)
 
     def close(self) -> None:
