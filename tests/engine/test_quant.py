@@ -45,7 +45,7 @@ from engine.quant import (
     quantize_model,
     quantize_weight,
 )
-from engine.reference import continuation_logits
+from engine.reference import SingleSequence, continuation_logits
 from engine.request import EngineRequest
 from engine.serve_cli import engine_config
 from stepscope.cli import UsageError
@@ -287,6 +287,21 @@ def test_int8_weights_keep_greedy_choices_and_logits(small_models: tuple) -> Non
 def test_int8_kv_cache_keeps_greedy_choices_and_logits(small_models: tuple) -> None:
     model, _ = small_models
     agreement, cosine = _quality(model, model, kv_int8=True)
+    assert agreement >= AGREEMENT_BAR and cosine >= COSINE_BAR, (agreement, cosine)
+
+
+def test_int8_weights_keep_greedy_choices_and_logits_fed_a_token_at_a_time(small_models: tuple) -> None:
+    # one row per forward: the decode kernel (int8 activations on x86) at every position, as served
+    model, quantized = small_models
+    prompt, text = torch.randint(
+        0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(5)
+    )
+    with torch.inference_mode():
+        ref = continuation_logits(model, prompt.tolist(), text.tolist())  # [48, V]
+        seq = SingleSequence(quantized, 96)
+        out = torch.cat([seq.feed(prompt.tolist())[-1:], *(seq.feed([t]) for t in text[:-1].tolist())])
+    agreement = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    cosine = F.cosine_similarity(ref, out, dim=-1).min().item()
     assert agreement >= AGREEMENT_BAR and cosine >= COSINE_BAR, (agreement, cosine)
 
 
