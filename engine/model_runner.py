@@ -95,8 +95,8 @@ class ModelRunner:
         sample_rows: list[int] = []
         samplers: list[Sequence] = []
         max_blocks = max(len(s.block_table) for s, _ in sched.scheduled)
-        tables = torch.zeros((len(sched.scheduled), max_blocks), dtype=torch.long)
-        for i, (seq, n) in enumerate(sched.scheduled):
+        tables: list[list[int]] = []  # padded with 0 to max_blocks: one tensor built at the end
+        for seq, n in sched.scheduled:
             start = seq.num_computed_tokens
             end = start + n
             pad = seq.num_pad_tokens  # static mode: token p sits at cache position pad + p
@@ -106,7 +106,7 @@ class ModelRunner:
             pos.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[c // bs] * bs + c % bs for c in range(pad + start - lead, pad + end))
-            tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+            tables.append(table + [0] * (max_blocks - len(table)))
             qsl.append(qsl[-1] + lead + n)
             seq_lens.append(pad + end)
             query_lens.append(lead + n)
@@ -119,7 +119,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
-            block_tables=tables.to(dev),
+            block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             query_lens=query_lens,

@@ -51,6 +51,7 @@ def _run_case(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: int, s
 CASES = {
     "decode_only": [(1, 7), (1, 1), (1, 13), (1, 16), (1, 4)],
     "decode_equal_lengths": [(1, 9), (1, 9), (1, 9)],
+    "decode_spread_lengths": [(1, 3), (1, 33), (1, 12), (1, 50), (1, 22), (1, 7)],
     "prefill_no_prefix": [(5, 5), (8, 8), (1, 1)],
     "prefill_with_prefix": [(3, 10), (4, 4), (7, 12)],
     "mixed": [(1, 9), (6, 6), (1, 4), (4, 11), (1, 17)],
@@ -138,6 +139,7 @@ PADDED_CASES = {
     "padded_prefill": [(5, 12, 7), (0, 12, 12), (11, 12, 1)],  # a static batch's prefill
     "padded_decode": [(5, 1, 9), (0, 1, 14), (11, 1, 3)],  # its decodes
     "padded_mixed": [(5, 1, 9), (3, 9, 6), (0, 1, 2)],
+    "padded_decode_spread": [(5, 1, 30), (0, 1, 4), (2, 1, 9)],
 }
 
 
