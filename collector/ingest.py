@@ -35,8 +35,10 @@ CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread;
 # few thousand rows than of 20,000 (a part per table and view, then merges of those parts: docs/collector.md),
 # so a steady stream is grouped into large inserts (also when a loaded machine stalls it for a moment), and
 # the end of a burst is inserted QUIET_S after it.
+# With no request in flight the stream has likely ended, so IDLE_QUIET_S is enough.
 GROUP_MIN_ROWS = 20_000
 QUIET_S = 0.5
+IDLE_QUIET_S = 0.05
 LINGER_MAX_S = 2.0
 MAX_ATTEMPTS = 5  # store errors (not outages) on one group before it is split, or one batch set aside
 
@@ -166,6 +168,9 @@ class Ingestor:
         finally:
             with self._lock:
                 self._inflight -= 1
+                idle = not self._inflight
+            if idle:  # a lingering group may go in now (_linger_s)
+                self._wake.set()
 
     # --- the insert thread ----------------------------------------------------------------------------
     def _insert_loop(self) -> None:
@@ -226,7 +231,8 @@ class Ingestor:
         now = time.time_ns()
         oldest_age_s = (now - int(pending[0].path.name[:20])) / 1e9
         newest_age_s = (now - int(pending[-1].path.name[:20])) / 1e9
-        wait_s = min(LINGER_MAX_S - oldest_age_s, QUIET_S - newest_age_s)
+        quiet_s = QUIET_S if self._inflight else IDLE_QUIET_S
+        wait_s = min(LINGER_MAX_S - oldest_age_s, quiet_s - newest_age_s)
         if wait_s <= 0 or sum(map(self._rows_of, pending)) >= GROUP_MIN_ROWS:
             return 0.0
         return wait_s

@@ -9,7 +9,7 @@ import pytest
 from test_collector_convert import _kv, _request
 
 from collector import convert, otlp
-from collector.ingest import GROUP_MIN_ROWS, LINGER_MAX_S, QUIET_S, Ingestor
+from collector.ingest import GROUP_MIN_ROWS, IDLE_QUIET_S, LINGER_MAX_S, QUIET_S, Ingestor
 from collector.spool import Spool
 from collector.traces import RawTraceRequest
 from collector.values import KeyValueMemo, attrs
@@ -78,16 +78,18 @@ def _pending(spool: Spool, ages_s: list[float], spans: int) -> list:
 
 
 @pytest.mark.parametrize(
-    ("ages_s", "spans", "lingers"),
+    ("ages_s", "spans", "inflight", "lingers"),
     [
-        ([0.5, 0.05], 512, True),  # a stream still coming, the group small: wait for more
-        ([0.5, QUIET_S + 0.3], 512, False),  # the stream stopped: insert its tail now
-        ([LINGER_MAX_S + 0.5, 0.05], 512, False),  # waited long enough
-        ([0.5, 0.05], GROUP_MIN_ROWS // 2 + 1, False),  # large enough already
+        ([0.5, 0.05], 512, 1, True),  # a stream still coming, the group small: wait for more
+        ([0.5, QUIET_S + 0.3], 512, 1, False),  # the stream stopped: insert its tail now
+        ([0.5, IDLE_QUIET_S + 0.05], 512, 0, False),  # and with nothing in flight, sooner
+        ([LINGER_MAX_S + 0.5, 0.05], 512, 1, False),  # waited long enough
+        ([0.5, 0.05], GROUP_MIN_ROWS // 2 + 1, 1, False),  # large enough already
     ],
 )
-def test_a_small_group_waits_only_while_batches_keep_coming(tmp_path, ages_s, spans, lingers):
+def test_a_small_group_waits_only_while_batches_keep_coming(tmp_path, ages_s, spans, inflight, lingers):
     spool = Spool(tmp_path / "spool", 1 << 30).open()
     ingestor = Ingestor("chdb://memory", spool)
+    ingestor._inflight = inflight  # requests being converted right now
     wait_s = ingestor._linger_s(_pending(spool, ages_s, spans))
     assert (wait_s > 0) is lingers and wait_s <= QUIET_S
