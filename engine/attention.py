@@ -314,14 +314,16 @@ def _prefill_attention(
 ) -> torch.Tensor:
     """q [Tq, H, Dh], k and v [S, Hkv, Dh], mask [Tq, S] bool or None (causal, Tq == S) -> [Tq, H, Dh]."""
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    qq, kk, vv = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H or Hkv, len, Dh]
+    # [1, H or Hkv, len, Dh]: with a batch dimension the CPU takes its fused kernel; 3-D inputs fall
+    # back to a path 5-9x slower (512 tokens, 8 heads, GQA: 9-17 ms vs 83-104 ms CPU).
+    qq, kk, vv = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     gqa = num_heads != num_kv_heads
     if gqa and q.device.type != "cpu":
         # GPU SDPA kernels that take a mask do not all support GQA; a repeat keeps the fast kernels.
-        kk = kk.repeat_interleave(num_heads // num_kv_heads, dim=0)
-        vv = vv.repeat_interleave(num_heads // num_kv_heads, dim=0)
+        kk = kk.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        vv = vv.repeat_interleave(num_heads // num_kv_heads, dim=1)
         gqa = False
     out = F.scaled_dot_product_attention(
         qq, kk, vv, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
-    )  # [H, Tq, Dh]
-    return out.transpose(0, 1)
+    )  # [1, H, Tq, Dh]
+    return out[0].transpose(0, 1)
