@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from stepscope.procs import Proc, free_port
+
 FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "otlp"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Collector:
+class Collector(Proc):
     """A running collector process."""
 
-    proc: subprocess.Popen
-    url: str
-    log: Path
-    token: str | None = None
+    def __init__(self, args: list[str], log: Path, url: str, token: str | None) -> None:
+        super().__init__(args, log)
+        self.url, self.token = url, token
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -56,10 +46,8 @@ class Collector:
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(60)
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        return super().stop(sig, timeout_s)  # a graceful stop drains the spool: give it time
 
 
 @pytest.fixture
@@ -72,32 +60,16 @@ def start_collector(tmp_path: Path) -> Iterator[Callable[..., Collector]]:
     ) -> Collector:
         port = port or free_port()
         log = tmp_path / f"collector-{port}-{len(started)}.log"
-        args = [
-            "stepscope",
-            "collector",
-            "--store",
-            store or f"chdb://{tmp_path / 'data'}",
-            "--port",
-            str(port),
-        ]
+        args = ["collector", "--store", store or f"chdb://{tmp_path / 'data'}", "--port", str(port)]
         if token:
             args += ["--token", token]
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [*args, *extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        c = Collector(proc, f"http://127.0.0.1:{port}", log, token)
+        c = Collector([*args, *extra], log, f"http://127.0.0.1:{port}", token)
         started.append(c)
-        for _ in range(240):
-            try:
-                if httpx.get(f"{c.url}/health", timeout=1).status_code == 200:
-                    return c
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.25)
-        raise AssertionError(f"collector did not start:\n{log.read_text()[-2000:]}")
+        try:
+            c.wait_http(f"{c.url}/health", 60)
+        except RuntimeError as e:
+            raise AssertionError(f"collector did not start: {e}") from None
+        return c
 
     yield start
     for c in started:

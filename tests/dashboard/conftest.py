@@ -6,75 +6,35 @@ The scenario runs once per session (about 30 s of traffic at a fixed rate, so no
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from stepscope.procs import Proc, free_port
 
 
-@dataclass
-class Collector:
+class Collector(Proc):
     """A running `stepscope collector` and where it answers."""
 
-    proc: subprocess.Popen
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+    def __init__(self, store: str, log: Path, *extra: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        super().__init__(
+            ["collector", "--store", store, "--port", str(port), "--log-level", "warning", *extra], log
+        )
 
 
 def start_collector(store: str, log: Path, *extra: str) -> Collector:
     """Start a collector on a free port and wait until /health answers."""
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                "stepscope",
-                "collector",
-                "--store",
-                store,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *extra,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    c = Collector(proc, f"http://127.0.0.1:{port}", log)
-    for _ in range(480):
-        try:
-            if httpx.get(f"{c.url}/health", timeout=1).status_code == 200:
-                return c
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.25)
-    c.stop()
-    raise AssertionError(f"collector did not start:\n{log.read_text()[-2000:]}")
+    c = Collector(store, log, *extra)
+    try:
+        c.wait_http(f"{c.url}/health", 120)
+    except RuntimeError as e:
+        c.stop()
+        raise AssertionError(f"collector did not start: {e}") from None
+    return c
 
 
 def _store_dir(run: Path) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,17 +20,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from instrumentation import attributes as A
+from stepscope.procs import Proc, free_port
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 ADMIN = {"Authorization": "Bearer disagg-test"}
 LONG = " ".join(f"w{i}" for i in range(150))  # ~600 tokens: 38 blocks of 16
 PROMPTS = ["Hello there", "a prompt that spans more than one block of sixteen tokens, surely", LONG]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Receiver:
@@ -77,30 +71,16 @@ def _value(v):
     return getattr(v, kind) if kind and kind != "array_value" else None
 
 
-class Serve:
+class Serve(Proc):
     """`stepscope serve --model tiny ...` in its own process group."""
 
     def __init__(self, log: Path, *options: str, env: dict[str, str] | None = None) -> None:
-        self.port, self.log = _free_port(), log
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [STEPSCOPE, "serve", "--model", "tiny", "--port", str(self.port), *options]
         base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**base, **(env or {})},
-        )
-        _wait_for(lambda: self._healthy(), 120, lambda: log.read_text()[-2000:])
-
-    def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            pytest.fail(f"serve exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            return httpx.get(self.url + "/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        args = ["serve", "--model", "tiny", "--port", str(self.port), *options]
+        super().__init__(args, log, {**base, **(env or {})}, program=[STEPSCOPE])
+        self.wait_http(self.url + "/health", 120)
 
     def complete(self, prompt: str, max_tokens: int = 8, **extra) -> httpx.Response:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
@@ -111,15 +91,6 @@ class Serve:
 
     def workers(self, role: str) -> list[dict]:
         return [w for w in self.health()["workers"] if w["role"] == role and w["state"] == "healthy"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def _wait_for(check, timeout_s: float = 60, why=lambda: "") -> None:

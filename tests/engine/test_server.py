@@ -24,51 +24,29 @@ from engine.core_proc import Channel, CoreLoop
 from engine.events import StepEvent
 from engine.protocol import Add, Outputs, Shutdown, get_codec
 from engine.request import EngineRequest
+from stepscope.procs import Proc, free_port
 
 ADMIN_TOKEN = "test-admin-token"
 # The installed console script, as users run it (`python -m stepscope.cli` would load cli.py twice).
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 
 
-class Server:
+class Server(Proc):
     """A `stepscope serve` subprocess in its own process group."""
 
     def __init__(self, log: Path, *options: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        cmd = [STEPSCOPE, "serve", "--model", "tiny", "--port", str(self.port)]
-        cmd += ["--num-threads", "1", *options]
         env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_ADMIN_TOKEN"}
-        self.proc = subprocess.Popen(
-            cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
+        args = ["serve", "--model", "tiny", "--port", str(self.port), "--num-threads", "1", *options]
+        super().__init__(args, log, env, program=[STEPSCOPE])
 
     def wait_healthy(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"server not healthy: {self.log.read_text()[-2000:]}")
+        self.wait_http(self.url + "/health", timeout_s)
 
     def core_pid(self) -> int:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         return int(children[0])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
     def metrics(self) -> dict[str, float]:
         return parse_prometheus(httpx.get(self.url + "/metrics").text)
@@ -84,12 +62,6 @@ class Server:
             if time.monotonic() > deadline:
                 pytest.fail(f"server did not become idle: {m}")
             time.sleep(0.1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
@@ -406,7 +378,7 @@ def test_bad_options_are_one_line_usage_errors(option, message):
 
 
 def test_a_core_that_fails_to_start_is_reported(tmp_path):
-    cmd = [STEPSCOPE, "serve", "--dtype", "int3", "--port", str(_free_port())]
+    cmd = [STEPSCOPE, "serve", "--dtype", "int3", "--port", str(free_port())]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "the engine core failed to start" in r.stderr and "int3" in r.stderr
 

@@ -5,7 +5,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from opentelemetry.trace import SpanKind
 from instrumentation.attributes import GEN_AI_LATENCY_TTFT, SPAN_CLIENT_REQUEST
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from loadgen.workloads import LengthDist, Workload, WorkloadConfig, WorkloadShift
+from stepscope.procs import Proc, free_port
 
 pytest.importorskip("engine.serve_cli", reason="the server (stepscope serve) has not landed yet")
 
@@ -29,45 +29,18 @@ pytest.importorskip("engine.serve_cli", reason="the server (stepscope serve) has
 STEPSCOPE = [str(Path(sys.executable).with_name("stepscope"))]
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(
-            [*STEPSCOPE, "serve", "--model", "tiny", "--port", str(port), "--num-threads", "1"],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    args = ["serve", "--model", "tiny", "--port", str(port), "--num-threads", "1"]
+    proc = Proc(args, log, program=STEPSCOPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                pytest.fail(f"stepscope serve exited: {log.read_text()[-500:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("stepscope serve did not come up within 120 s")
+        proc.wait_http(url + "/health", 120)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.stop(timeout_s=20)
 
 
 def _replay_file(path: Path, n: int = 24, max_tokens: int = 12) -> Path:
