@@ -196,8 +196,10 @@ def workload(n: int, seed: int) -> list[dict]:
     ]
 
 
-async def run_load(url: str, bodies: list[dict], concurrency: int) -> float:
-    """Output tokens per second for `bodies`, `concurrency` requests in flight."""
+async def run_load(url: str, bodies: list[dict], concurrency: int) -> tuple[float, float]:
+    """Output tokens per second for `bodies`, `concurrency` requests in flight, and the mean running
+    batch (`vllm:num_requests_running`, read every 0.25 s): a front end slow to hand the core new
+    requests shows as a smaller batch, whatever the machine's load."""
     queue: asyncio.Queue = asyncio.Queue()
     for body in bodies:
         queue.put_nowait(body)
@@ -211,12 +213,23 @@ async def run_load(url: str, bodies: list[dict], concurrency: int) -> float:
             r.raise_for_status()
             produced += r.json()["usage"]["completion_tokens"]
 
+    running: list[float] = []
+
+    async def watch(client: httpx.AsyncClient) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            for line in (await client.get(url + "/metrics")).text.splitlines():
+                if line.startswith("vllm:num_requests_running"):
+                    running.append(float(line.rsplit(" ", 1)[1]))
+
     async with httpx.AsyncClient(timeout=600) as client:
+        watcher = asyncio.create_task(watch(client))
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
+        watcher.cancel()
     assert produced == sum(b["max_tokens"] for b in bodies)
-    return produced / elapsed
+    return produced / elapsed, statistics.fmean(running) if running else 0.0
 
 
 def main() -> None:
@@ -246,6 +259,7 @@ def main() -> None:
     bodies = workload(args.requests, seed=0)
     runs: dict[str, list[float]] = {"off": [], "on": []}
     cpu_per_tok: dict[str, list[float]] = {"off": [], "on": []}
+    batch: dict[str, list[float]] = {"off": [], "on": []}
     by_process: dict[str, list[float]] = {"frontend": [], "core": [], "exporter": []}  # the traced server
     tokens_per_run = sum(b["max_tokens"] for b in bodies)
     try:
@@ -254,7 +268,8 @@ def main() -> None:
         for r in range(args.rounds):
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 cpu0 = cpu_seconds(servers[mode][0].pid)
-                tok_s = asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
+                tok_s, mean_running = asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
+                batch[mode].append(mean_running)
                 cpu1 = cpu_seconds(servers[mode][0].pid)
                 cpu_ms = (sum(cpu1.values()) - sum(cpu0.values())) / tokens_per_run * 1e3
                 runs[mode].append(tok_s)
@@ -264,7 +279,7 @@ def main() -> None:
                         by_process[role].append((cpu1[role] - cpu0[role]) / tokens_per_run * 1e3)
                 print(
                     f"round {r} {mode:>3}: {tok_s:8.1f} tok/s {cpu_ms:6.2f} CPU ms/tok "
-                    f"(load average {os.getloadavg()[0]:.2f})",
+                    f"mean running {mean_running:5.2f} (load average {os.getloadavg()[0]:.2f})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -296,6 +311,8 @@ def main() -> None:
         "threads": int(args.threads),
         "runs_off_tok_s": [round(x, 1) for x in runs["off"]],
         "runs_on_tok_s": [round(x, 1) for x in runs["on"]],
+        "off_mean_running": round(statistics.median(batch["off"]), 2),
+        "on_mean_running": round(statistics.median(batch["on"]), 2),
         "pair_overhead_pct": [
             round((a - b) / a * 100, 2) for a, b in zip(runs["off"], runs["on"], strict=True)
         ],
