@@ -1,71 +1,22 @@
 """The processes of a scenario: `stepscope collector` and `stepscope serve` as subprocesses.
 
-Each runs in its own session (so a Ctrl-C in the terminal reaches only the runner, whose `finally` stops
-them), logs to a file in the run directory, and is stopped with SIGTERM, then SIGKILL after a timeout.
+Each is a `stepscope.procs.Proc`: its own session (so a Ctrl-C in the terminal reaches only the runner, whose
+`finally` stops them), a log file in the run directory, SIGTERM then SIGKILL after a timeout.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 
+from stepscope.procs import Proc, free_port
+
 if TYPE_CHECKING:
     from diagnosis.scenario import ScenarioConfig
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A `stepscope` subprocess in its own session, logging to a file; `stop()` is SIGTERM then SIGKILL."""
-
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "stepscope", *args]
-        self.log = log
-        self.proc = subprocess.Popen(
-            cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-
-    def wait_http(self, url: str, timeout_s: float) -> None:
-        """Until `url` answers 200; RuntimeError (with the log's tail) if the process dies or times out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.log.name}: exited {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{self.log.name}: {url} not up after {timeout_s:g}s: {self.tail()}")
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-1500:]
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-        return self.proc.returncode
 
 
 def start_server(cfg: ScenarioConfig, log: Path, token: str, otlp: str | None) -> tuple[Proc, str]:

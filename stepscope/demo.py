@@ -241,7 +241,8 @@ class Demo:
 
     def _start(self, rate: float) -> None:
         from diagnosis.scenario import warm_up
-        from diagnosis.scenario_procs import Proc, free_port, start_collector, start_server
+        from diagnosis.scenario_procs import start_collector, start_server
+        from stepscope.procs import Proc, free_port
 
         cfg, sc = self.cfg, self.scenario
         parts = (

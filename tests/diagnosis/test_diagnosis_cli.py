@@ -4,9 +4,6 @@ as a subprocess on it (`--store`) and through a running `stepscope collector` (`
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +16,7 @@ from diag_simulate import write
 
 from collector.store import Store
 from diagnosis.library import LIBRARY
+from stepscope.procs import Proc, free_port
 
 
 @pytest.fixture(scope="module")
@@ -113,33 +111,20 @@ def test_query_bad_input_exits_2(store_dir: Path) -> None:
         assert out.stderr.startswith("stepscope query:")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def collector(store_dir: Path, tmp_path: Path) -> Iterator[str]:
     """`stepscope collector` holding the store directory (so only its API can read it)."""
-    port = _free_port()
-    log = tmp_path / "collector.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                "stepscope",
-                "collector",
-                "--store",
-                f"chdb://{store_dir}",
-                "--port",
-                str(port),
-                "--spool",
-                str(tmp_path / "spool"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    port = free_port()
+    args = [
+        "collector",
+        "--store",
+        f"chdb://{store_dir}",
+        "--port",
+        str(port),
+        "--spool",
+        str(tmp_path / "spool"),
+    ]
+    proc = Proc(args, tmp_path / "collector.log")
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):
@@ -148,12 +133,11 @@ def collector(store_dir: Path, tmp_path: Path) -> Iterator[str]:
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None, log.read_text()[-2000:]
+            assert proc.alive(), proc.tail()
             time.sleep(0.25)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        proc.stop(timeout_s=60)
 
 
 def test_diagnose_and_query_through_a_running_collector(collector: str, store_dir: Path) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from instrumentation import attributes as A
+from stepscope.procs import Proc, free_port
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -114,64 +112,22 @@ class Receiver:
         self.server.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Serve:
+class Serve(Proc):
     """`stepscope serve --model tiny` in its own process group, stopped with SIGTERM."""
 
     def __init__(self, log: Path, *options: str, env: dict[str, str] | None = None) -> None:
-        self.port, self.log = _free_port(), log
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            STEPSCOPE,
-            "serve",
-            "--model",
-            "tiny",
-            "--port",
-            str(self.port),
-            "--num-threads",
-            "1",
-            *options,
-        ]
+        args = ["serve", "--model", "tiny", "--port", str(self.port), "--num-threads", "1", *options]
         base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**base, **(env or {})},
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited with {self.proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"serve not healthy: {log.read_text()[-2000:]}")
+        super().__init__(args, log, {**base, **(env or {})}, program=[STEPSCOPE])
+        self.wait_http(self.url + "/health", 120)
 
     def complete(self, prompt: str, headers: dict | None = None, **body) -> dict:
         body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **body}
         r = httpx.post(self.url + "/v1/completions", json=body, headers=headers or {}, timeout=60)
         r.raise_for_status()
         return r.json()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def _wait_for(check, timeout_s: float = 30) -> None:
@@ -270,7 +226,7 @@ def test_tracing_on_does_not_change_greedy_outputs(traced, tmp_path):
 
 
 def test_an_unreachable_endpoint_never_stops_serving(tmp_path):
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     serve = Serve(tmp_path / "dead.log", "--otlp-endpoint", dead, env=env)
     try:
