@@ -6,10 +6,13 @@ Two servers run side by side, one without telemetry and one with `--otlp-endpoin
 over OTLP/HTTP (protobuf) to a live receiver in a process of its own (it decodes each export to
 count the spans, as a collector would; inside this process its decoding would take the GIL from the
 load generator during the traced runs only). Runs alternate off/on in ABBA order after one warm-up
-run each, so drift on a shared machine falls on both sides. Each run sends the same seeded requests
-(prompt token ids, greedy, EOS ignored) with a fixed concurrency; throughput is output tokens over
-wall time. Both servers use `--num-threads 1` by default: on a shared 2-core machine, torch's two
-intra-op threads stall each other whenever another process takes a core, which swamps what is measured.
+run each, so drift on a shared machine falls on both sides. Round r sends both servers the same
+requests, seeded by r (prompt token ids, greedy, EOS ignored) with a fixed concurrency; no round repeats
+another's prompts, so neither server's prefix cache serves a prompt it saw in an earlier run (with one
+workload for every run, the runs got faster as the cache warmed, and ABBA order left that drift on one
+side). Throughput is output tokens over wall time. Both servers use `--num-threads 1` by default: on a
+shared 2-core machine, torch's two intra-op threads stall each other whenever another process takes a
+core, which swamps what is measured.
 Besides wall-clock throughput it reports CPU seconds per output token of all of each server's
 processes (front end, core, and the traced core's exporter process; the traced server's split is
 `on_cpu_ms_per_tok_by_process`), which other load disturbs less: `cpu_overhead_pct`.
@@ -256,19 +259,20 @@ def main() -> None:
             [*common, "--otlp-endpoint", receiver.url, "--trace-steps-every", args.trace_steps_every],
         ),
     }
-    bodies = workload(args.requests, seed=0)
+    bodies = workload(args.requests, seed=0)  # the warm-up's, and the one the span-cost estimate replays
     runs: dict[str, list[float]] = {"off": [], "on": []}
     cpu_per_tok: dict[str, list[float]] = {"off": [], "on": []}
     batch: dict[str, list[float]] = {"off": [], "on": []}
     by_process: dict[str, list[float]] = {"frontend": [], "core": [], "exporter": []}  # the traced server
-    tokens_per_run = sum(b["max_tokens"] for b in bodies)
     try:
         for mode in ("off", "on"):  # warm-up: first-call costs (allocations, imports) left out
-            asyncio.run(run_load(servers[mode][1], bodies[: args.concurrency], args.concurrency))
+            asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
         for r in range(args.rounds):
+            round_bodies = workload(args.requests, seed=1 + r)
+            tokens_per_run = sum(b["max_tokens"] for b in round_bodies)
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 cpu0 = cpu_seconds(servers[mode][0].pid)
-                tok_s, mean_running = asyncio.run(run_load(servers[mode][1], bodies, args.concurrency))
+                tok_s, mean_running = asyncio.run(run_load(servers[mode][1], round_bodies, args.concurrency))
                 batch[mode].append(mean_running)
                 cpu1 = cpu_seconds(servers[mode][0].pid)
                 cpu_ms = (sum(cpu1.values()) - sum(cpu0.values())) / tokens_per_run * 1e3
