@@ -38,10 +38,10 @@ class CollectorConfig:
     query_timeout_s: float = field(default=30.0, metadata={"help": "time limit of /api/sql and /api queries"})
     retry_after_s: int = field(default=2, metadata={"help": "Retry-After sent with 429 and 503"})
     convert_workers: int = field(
-        default=0,
+        default=1,
         metadata={
-            "help": "processes converting spans to columns beside the receiver (0: in it; more only pays "
-            "with cores to spare: docs/collector.md)"
+            "help": "processes converting spans to columns beside the receiver (0: in it; on a machine with "
+            "no core to spare 0 costs less CPU: docs/collector.md)"
         },
     )
 
