@@ -39,7 +39,6 @@ import os
 import pickle
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from collector import convert  # noqa: E402
 from collector.ingest import GROUP_MIN_ROWS  # noqa: E402
 from collector.store import Store  # noqa: E402
 from instrumentation import attributes as A  # noqa: E402
+from stepscope.procs import free_port  # noqa: E402
 
 
 def make_spans(n_requests: int, seed: int = 0) -> list:
@@ -125,12 +125,6 @@ def encode_batches(spans: list, batch: int) -> list[bytes]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     return [encode_spans(spans[i : i + batch]).SerializeToString() for i in range(0, len(spans), batch)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_collector(data: Path, port: int) -> subprocess.Popen:

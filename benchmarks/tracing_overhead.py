@@ -33,10 +33,7 @@ import json
 import multiprocessing
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +42,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
+
+from stepscope.procs import Proc, free_port
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 
@@ -100,27 +99,17 @@ def _receive(conn: Connection) -> None:
         conn.send(dict(counts))
 
 
-def start_server(model: str, log: Path, options: list[str]) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [STEPSCOPE, "serve", "--model", model, "--port", str(port), *options]
+def start_server(model: str, log: Path, options: list[str]) -> tuple[Proc, str]:
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.Popen(
-        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env
-    )
+    proc = Proc(["serve", "--model", model, "--port", str(port), *options], log, env, program=[STEPSCOPE])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    sys.exit("server did not come up")
+    try:
+        proc.wait_http(url + "/health", 300)
+    except RuntimeError as e:
+        proc.stop()
+        sys.exit(f"server did not come up: {e}")
+    return proc, url
 
 
 def process_tree(pid: int) -> list[int]:
@@ -290,8 +279,7 @@ def main() -> None:
         time.sleep(2)  # let the batch processor deliver the last spans
     finally:
         for proc, _ in servers.values():
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            proc.stop()
         time.sleep(1)  # the exporter's final flush
         spans_received = receiver.counts()
         receiver.close()
