@@ -92,7 +92,10 @@ def test_int8_linear_matches_the_dequantized_matmul(in_features: int, rows: int)
     torch.testing.assert_close(out, expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
 
 
-@pytest.mark.skipif(torch.backends.quantized.engine not in ("x86", "fbgemm"), reason="no fbgemm")
+@pytest.mark.skipif(
+    torch.backends.quantized.engine not in ("x86", "fbgemm"),
+    reason="torch without fbgemm (a non-x86 CPU): int8 decode falls back to the bf16 kernel",
+)
 def test_decode_batches_take_fbgemm_int8_activations_repacked_when_the_weights_change() -> None:
     g = torch.Generator().manual_seed(4)
     linear = torch.nn.Linear(1024, 256, bias=False)
