@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, KVCache, allocate_kv_cache, concat_kv_blocks
+from engine.attention import (
+    AttentionMetadata,
+    KVCache,
+    Workspace,
+    allocate_kv_cache,
+    concat_kv_blocks,
+)
 from engine.config import ModelConfig
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
@@ -48,6 +54,7 @@ class ModelRunner:
         self.dtype = dtype
         self.kv_int8 = kv_int8  # int8 K/V with per-token scales (engine/quant.py), read back in `dtype`
         self.kv_caches = self._allocate(num_blocks)
+        self.workspace = Workspace()  # gathered K/V, reused by every layer and step
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -124,6 +131,7 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
             query_lens=query_lens,
             seq_lens_list=seq_lens,
+            workspace=self.workspace,
         )
         if any(key_starts):
             meta.key_starts = torch.tensor(key_starts, dtype=torch.long, device=dev)

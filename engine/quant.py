@@ -30,12 +30,16 @@ it is tied to the embedding, which stays full precision with it). Embeddings and
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.device import resolve_dtype
+
+if TYPE_CHECKING:
+    from engine.attention import Workspace
 
 INT8_MAX = 127
 SCALE_DTYPE = torch.bfloat16  # weight and KV scales: 2 bytes, and what the CPU kernel takes
@@ -298,14 +302,21 @@ class Int8KVCache:
             values[i].index_copy_(0, slot_mapping, q)
             scales[i].index_copy_(0, slot_mapping, s)
 
-    def gather_blocks(self, block_ids: torch.Tensor) -> torch.Tensor:
-        """block_ids [N] -> their K and V blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`."""
+    def gather_blocks(self, block_ids: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+        """block_ids [N] -> their K and V blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`.
+
+        With a `workspace` (and an fp32 `dtype`) the result is a view of its buffer.
+        """
         _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
         rows = torch.cat([block_ids, block_ids + num_blocks])  # K rows, then V rows
         values = self.values.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv * Dh]
         scales = self.scales.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv]
         shape = (2, block_ids.shape[0], block_size, num_kv_heads)
-        return dequantize_kv(values.view(*shape, head_dim), scales.view(shape), self.dtype)
+        if workspace is None or self.dtype != torch.float32:
+            return dequantize_kv(values.view(*shape, head_dim), scales.view(shape), self.dtype)
+        out = workspace.take((*shape, head_dim), torch.float32, values.device)
+        out.copy_(values.view(*shape, head_dim))  # int8 -> fp32 is exact: the same as dequantize_kv
+        return out.mul_(scales.view(shape).to(torch.float32).unsqueeze(-1))
 
     def cat(self, more: Int8KVCache) -> Int8KVCache:
         """This cache followed by `more`'s blocks (block ids and contents stay)."""

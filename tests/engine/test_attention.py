@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.attention import (
+    Workspace,
     allocate_kv_cache,
     dense_attention_reference,
     kv_cache_bytes_per_block,
@@ -19,7 +20,13 @@ NUM_BLOCKS = 40
 HEAD_DIM = 16
 
 
-def _run_case(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: int, seed: int = 0):
+def _run_case(
+    specs: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    seed: int = 0,
+    workspace: Workspace | None = None,
+):
     """specs: (query_len, seq_len) per sequence. Cached prefixes are written into random blocks first.
 
     Returns the paged output [T, H, Dh], the dense reference [T, H, Dh], and the cache and new K/V.
@@ -43,6 +50,7 @@ def _run_case(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: int, s
         vs.append(full_v[slen - qlen :])
         expected.append(dense_attention_reference(q, full_k, full_v, scale))
     meta = make_attention_metadata([q for q, _ in specs], [s for _, s in specs], tables, BLOCK_SIZE)
+    meta.workspace = workspace
     k, v = torch.cat(ks), torch.cat(vs)
     out = paged_attention(torch.cat(qs), k, v, cache, meta, scale)
     return out, torch.cat(expected), cache, meta, k, v
@@ -64,6 +72,16 @@ CASES = {
 def test_paged_attention_equals_dense_reference(case: str, heads: tuple[int, int]) -> None:
     out, expected, *_ = _run_case(CASES[case], *heads)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_reused_workspace_changes_no_output() -> None:
+    """One workspace across every case in turn (growing, then reused smaller) gives the same outputs."""
+    workspace = Workspace()
+    for seed, case in enumerate(list(CASES) * 2):
+        out, expected, *_ = _run_case(CASES[case], 4, 2, seed=seed, workspace=workspace)
+        fresh, *_ = _run_case(CASES[case], 4, 2, seed=seed)
+        torch.testing.assert_close(out, fresh, rtol=0, atol=0)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_new_keys_and_values_land_in_their_slots() -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import (
+    Workspace,
     allocate_kv_cache,
     dense_attention_reference,
     kv_cache_bytes_per_block,
@@ -123,7 +124,9 @@ def test_quantize_model_swaps_every_linear_and_leaves_embeddings_and_norms() -> 
     assert "lm_head" not in quantize_model(tied)  # tied to the embedding: stays full precision with it
 
 
-def _mixed_step_attention(kv_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _mixed_step_attention(
+    kv_int8: bool, workspace: Workspace | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two sequences prefilled (29 and 20 tokens), then one step: a decode of the first and a chunk of 5
     tokens of the second over its cached prefix. Returns (that step's output [6, H, Dh], the float64
     dense reference of the same)."""
@@ -137,6 +140,7 @@ def _mixed_step_attention(kv_int8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     paged_attention(torch.zeros(49, 4, 64), torch.cat([k[0, :29], k[1, :20]]),
                     torch.cat([v[0, :29], v[1, :20]]), cache, fill, 0.125)  # fmt: skip
     step = make_attention_metadata([1, 5], [30, 25], tables, bs)
+    step.workspace = workspace
     out = paged_attention(q, torch.cat([k[0, 29:30], k[1, 20:25]]), torch.cat([v[0, 29:30], v[1, 20:25]]),
                           cache, step, 0.125)  # fmt: skip
     ref = torch.cat([dense_attention_reference(q[:1], k[0], v[0], 0.125),
@@ -151,6 +155,9 @@ def test_int8_kv_attention_matches_full_precision_attention() -> None:
     cosine = F.cosine_similarity(out_q.flatten(1), ref.flatten(1), dim=-1)  # per token
     assert cosine.min() > 0.999
     assert not torch.equal(out_q, out_fp)  # really read back from int8
+    for workspace in (Workspace(), Workspace()):  # dequantized into a reused buffer: the same values
+        out_ws, _ = _mixed_step_attention(kv_int8=True, workspace=workspace)
+        torch.testing.assert_close(out_ws, out_q, rtol=0, atol=0)
 
 
 def test_int8_kv_pool_holds_about_twice_the_tokens_of_bf16_in_the_same_bytes() -> None:
