@@ -69,6 +69,8 @@ class DiagnosisConfig:
     busy_share: float = 0.7
     # Mean batch size up by half: a configuration change, not drift (healthy halves within ~10%).
     batch_ratio: float = 1.5
+    # max_num_seqs (its step-weighted mean) raised by a tenth: someone changed the limit.
+    limit_raise_ratio: float = 1.1
     # Step time at equal batch size up by a fifth (healthy: within ~8%; fp32 vs int8 weights: x1.5+).
     equal_batch_ratio: float = 1.2
     # Bytes read per step (at equal batch size) up by a fifth: the weights got bigger.

@@ -14,6 +14,7 @@ Each diagnosis runs in a child process (chDB allows one data directory per proce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import signal
@@ -31,7 +32,6 @@ EXPECTED_CAUSE = {"overload": "queueing_overload"}
 QUICK_HEALTHY_RUNS, FULL_HEALTHY_RUNS = 2, 3
 FULL_SEEDS = (1, 2, 3)
 MAX_DURATION_S = 240  # the stretch for a slow (busy) machine stops here; the eval must end
-PROBE_EACH_S = 12.0  # the capacity probe before each case
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", default="80", metavar="SECONDS", help="per run (default: %(default)s)")
     parser.add_argument("--model", default="small", help="engine model (default: %(default)s)")
     parser.add_argument(
-        "--cached-capacity",
-        action="store_true",
-        help="use the cached capacity for every case (default: probe before each case: neighbours change "
-        "it several-fold within minutes)",
+        "--capacity",
+        choices=("per-eval", "per-case", "cached"),
+        default="per-eval",
+        help="when to probe the engine's capacity: once per engine and workload in this eval (default), "
+        "before every case (a machine whose neighbours come and go), or from the 2 h file cache",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the grid, print the scoreboard, write the JSON."""
-    from diagnosis.calibrate import capacity
     from diagnosis.scenario import FAULTS, ScenarioConfig
 
     faults = list(FAULTS) if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
@@ -105,16 +105,17 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
-    cap = capacity(base) if args.cached_capacity else None  # None: probe before each case
+    capacities = Capacities(args.capacity)
     cases = grid(faults, args.quick)
     results = []
     t0 = time.monotonic()
     interrupt_on_sigterm()
     for i, case in enumerate(cases, 1):
         print(f"eval: [{i}/{len(cases)}] {case.name} ({time.monotonic() - t0:.0f}s so far)", file=sys.stderr)
-        results.append(run_case(case, runs_dir, base, cap))
+        results.append(run_case(case, runs_dir, base, capacities))
     board = scoreboard(results)
-    board["config"] = {"quick": args.quick, "duration_s": duration, "model": args.model, "capacity_rps": cap,
+    board["config"] = {"quick": args.quick, "duration_s": duration, "model": args.model,
+                       "capacity": args.capacity, "capacity_rps": capacities.measured,
                        "runs_dir": str(runs_dir), "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     Path(args.out).write_text(json.dumps(board, indent=2) + "\n")
     print(render(board))
@@ -132,15 +133,34 @@ def interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float | None) -> dict[str, Any]:
-    """Run (unless done) and diagnose one case; the result is kept in `<case>/result.json`. Without a
-    `capacity_rps`, the capacity is probed just before the run (neighbours change it several-fold within
-    minutes on a shared machine) and the run is stretched until both sides of the onset get enough
-    requests."""
-    import dataclasses
+class Capacities:
+    """The engine's capacity for each case: probed once per engine and workload (`per-eval`), before
+    every case (`per-case`), or read from calibrate's file cache (`cached`)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.measured: dict[str, float] = {}  # case name -> requests/s it ran against
+        self._by_key: dict[str, float] = {}  # calibrate.cache_key -> requests/s (per-eval)
+
+    def __call__(self, case: Case, cfg: Any) -> float:
+        from diagnosis.calibrate import cache_key, capacity, probe
+
+        if self.mode == "cached":
+            value = capacity(cfg)
+        else:
+            key = cache_key(cfg)
+            value = self._by_key.get(key) if self.mode == "per-eval" else None
+            if value is None:
+                value = self._by_key[key] = probe(dataclasses.replace(cfg, out=cfg.out.parent / "calibrate"))
+        self.measured[case.name] = value
+        return value
+
+
+def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> dict[str, Any]:
+    """Run (unless done) and diagnose one case; the result is kept in `<case>/result.json`. The run is
+    stretched until both sides of the onset get enough requests at the case's capacity."""
     import shutil
 
-    from diagnosis.calibrate import probe
     from diagnosis.scenario import fault_clients, min_duration_s, run_scenario
 
     out = runs_dir / case.name
@@ -151,7 +171,7 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacity_rps: float | None) 
         shutil.rmtree(out, ignore_errors=True)  # a run cut short: start it again
         cfg = dataclasses.replace(base, out=out, fault=case.fault, value=case.value, seed=case.seed)
         try:
-            cap = capacity_rps or probe(cfg, PROBE_EACH_S)
+            cap = capacities(case, cfg)
             clients = fault_clients(cfg)  # a closed loop completes about its share of the full batch's rate
             share = cfg.load_fraction if clients is None else min(1.0, clients / cfg.max_num_seqs)
             needed = math.ceil(min_duration_s(share * cap))

@@ -103,7 +103,9 @@ class ModelRunner:
         samplers: list[Sequence] = []
         max_blocks = max(len(s.block_table) for s, _ in sched.scheduled)
         tables: list[list[int]] = []  # padded with 0 to max_blocks: one tensor built at the end
-        for seq, n in sched.scheduled:
+        # In order of context length: attention then splits the decodes into groups of similar length
+        # as contiguous slices (engine/attention.py, `_decode_plan`).
+        for seq, n in sorted(sched.scheduled, key=lambda item: item[0].num_computed_tokens + item[1]):
             start = seq.num_computed_tokens
             end = start + n
             pad = seq.num_pad_tokens  # static mode: token p sits at cache position pad + p

@@ -38,8 +38,8 @@ def _grew_on_its_own(facts: Facts) -> bool:
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Mean batch size up by `batch_ratio`; preemptions not up by `preemptions_per_kstep`; `max_num_seqs`
-    raised (or, where it is not recorded, arrivals, equal-batch speed and gaps flat); share = batch-size
-    part of the step-period change."""
+    raised by `limit_raise_ratio` (or, where it is not recorded, arrivals, equal-batch speed and gaps
+    flat); share = batch-size part of the step-period change."""
     cfg = facts.config
     if missing := steps_missing(facts, CAUSE):
         return missing
@@ -49,8 +49,10 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return None
     if preemption_rate(facts, 1) - preemption_rate(facts, 0) >= cfg.preemptions_per_kstep:
         return None
-    limit_raised = facts.sc("max_num_seqs_max") > facts.sb("max_num_seqs_max")
-    if facts.sb("max_num_seqs_max") > 0 and not limit_raised:
+    # Step-weighted means: a change point a few steps late leaves the new limit in the baseline's max.
+    limit_b, limit_c = facts.sb("max_num_seqs_mean"), facts.sc("max_num_seqs_mean")
+    limit_raised = limit_b > 0 and limit_c >= cfg.limit_raise_ratio * limit_b
+    if limit_b > 0 and not limit_raised:
         return None  # the limit did not move: more arrivals or slower steps filled the batch
     if not limit_raised and not _grew_on_its_own(facts):
         return None
@@ -64,7 +66,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         onset_series="max_num_seqs" if limit_raised else "batch_mean",
         evidence=[
             Evidence("batch_size_mean", facts.sb("batch_mean"), facts.sc("batch_mean")),
-            Evidence("max_num_seqs", facts.sb("max_num_seqs_max"), facts.sc("max_num_seqs_max")),
+            Evidence("max_num_seqs", limit_b, limit_c),
             Evidence("step_s_mean", facts.sb("step_mean"), facts.sc("step_mean")),
             Evidence("preemptions_per_1k_steps", preemption_rate(facts, 0), preemption_rate(facts, 1)),
             Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),

@@ -24,6 +24,10 @@ def evaluate(facts: Facts) -> Finding | None:
     """Cached share down by `cache_share_drop` (absolute) and to `cache_share_ratio` of the baseline or
     less, prompt lengths within `steady_prompt_ratio`."""
     cfg = facts.config
+    # A miss costs prefill: it shows first in TTFT (or end to end). TPOT alone moving with the cached
+    # share is the healthy mix drifting (more prefill riding along decodes), not a broken prefix.
+    if not facts.regressed("ttft", "e2e", "goodput", "throughput"):
+        return None
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput", "tpot")
     cb, cc = facts.b("cached_share"), facts.c("cached_share")
     if not symptoms or not (math.isfinite(cb) and math.isfinite(cc)) or cb <= 0:

@@ -11,6 +11,7 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding
 from diagnosis.rules.base import make_finding, strength, ttft_share
+from diagnosis.rules.scheduler_stall import gaps_grew
 
 CAUSE = "queueing_overload"
 LEVER = (
@@ -20,7 +21,8 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | None:
-    """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`."""
+    """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`,
+    and no growth of the gaps between steps (`scheduler_stall.gaps_grew`)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "goodput", "tpot")
     arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan
@@ -28,6 +30,8 @@ def evaluate(facts: Facts) -> Finding | None:
         return None
     if not facts.c("queue_mean") > facts.b("queue_mean"):
         return None
+    if gaps_grew(facts):
+        return None  # the loop stopped between steps with work waiting: a stall, not more work
     share = ttft_share(facts, "queue")
     evidence = [
         Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),

@@ -23,7 +23,8 @@ LEVER = (
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Mean RPC delay up by `rpc_ratio` and `min_rpc_increase_s`; share = (RPC delay change + change of
-    gaps between steps) over the mean TPOT, TTFT or E2E change, whichever regressed and is best explained."""
+    gaps between steps) over the mean TPOT change, or the RPC delay change over the mean TTFT change,
+    whichever regressed and is best explained."""
     cfg = facts.config
     if not (facts.b("with_rpc") > 0 and facts.c("with_rpc") > 0):
         return NotEnoughData(CAUSE, "stepscope.rpc.delay_mean_s on llm_request (front-end RPC delay)")
@@ -32,13 +33,17 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not (rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb):
         return None
     gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean")
-    delta = (rc - rb) + (gap if math.isfinite(gap) and gap > 0 else 0.0)
-    shares = []
-    for family, column in (("tpot", "tpot_mean"), ("ttft", "ttft_mean"), ("itl_max", "tpot_mean")):
-        total = facts.c(column) - facts.b(column)
-        if facts.regressed(family) and total > 0:
-            shares.append(min(1.0, delta / total))
-    share = best(*shares, 0.5 if facts.regressed("e2e", "throughput", "goodput") else math.nan)
+    per_token = (rc - rb) + (gap if math.isfinite(gap) and gap > 0 else 0.0)
+    # Every token crosses the channel: the delay's growth is its part of the mean TPOT change (which is
+    # also how it reaches E2E, goodput and throughput) and, once, of the mean TTFT change.
+    shares = [math.nan]
+    tpot_change = facts.c("tpot_mean") - facts.b("tpot_mean")
+    if facts.regressed("tpot", "itl_max", "e2e", "throughput", "goodput") and tpot_change > 0:
+        shares.append(min(1.0, per_token / tpot_change))
+    ttft_change = facts.c("ttft_mean") - facts.b("ttft_mean")
+    if facts.regressed("ttft") and ttft_change > 0:
+        shares.append(min(1.0, (rc - rb) / ttft_change))
+    share = best(*shares)
     return make_finding(
         facts,
         CAUSE,

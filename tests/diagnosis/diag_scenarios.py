@@ -33,6 +33,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     "kv_cache_pressure": (SimConfig(seed=6, rate_rps=5.0, fault={"num_kv_blocks": 64}), "kv_cache_pressure"),
     "scheduler_stall": (SimConfig(seed=7, fault={"stall_ms": 30.0}), "scheduler_stall"),
     "rpc_overhead": (SimConfig(seed=8, fault={"rpc_factor": 20.0}), "rpc_overhead"),
+    # A stall whose queue lands the change point on a bunch of arrivals: more arrivals do not open gaps
+    # between steps, so the stall still ranks first and queueing_overload stays out.
+    "scheduler_stall_arrivals_up": (
+        SimConfig(seed=16, fault={"stall_ms": 30.0, "rate_rps": 5.6}),
+        "scheduler_stall",
+    ),
     "weight_quant_off": (SimConfig(seed=9, fault={"weight_dtype": "fp32"}), "weight_quant_off"),
     "kv_transfer_slow": (
         SimConfig(seed=13, kv_transfer_per_token_s=0.00005, fault={"kv_transfer_per_token_s": 0.0003}),

@@ -54,6 +54,28 @@ def test_the_fault_is_the_top_finding_with_a_given_baseline(scenario_source: Sto
     assert rows
 
 
+def test_a_baseline_past_the_onset_still_sees_the_raised_limit(scenario_source: StoreSource) -> None:
+    """A change point a few seconds late puts some steps at the new max_num_seqs in the baseline."""
+    before, after = halves("oversized_batch")
+    late = before.end + 4
+    result = diagnose(
+        scenario_source, window=TimeRange(late, after.end), baseline=TimeRange(before.start, late)
+    ).to_json()
+    top = result["findings"][0]
+    assert top["cause"] == "oversized_batch"
+    limit = next(e for e in top["evidence"] if e["metric"] == "max_num_seqs")
+    assert limit["baseline"] < 8 < limit["current"]
+
+
+def test_a_bigger_batch_s_own_rpc_delay_is_not_blamed_on_the_channel(scenario_source: StoreSource) -> None:
+    """Bigger batches make bigger output frames (the RPC delay per token grows a little): that small part
+    of the TPOT change must not become an rpc_overhead finding."""
+    for baseline in (None, halves("oversized_batch")[0]):
+        window = whole("oversized_batch") if baseline is None else halves("oversized_batch")[1]
+        causes = [f.cause for f in diagnose(scenario_source, window=window, baseline=baseline).findings]
+        assert causes[0] == "oversized_batch" and "rpc_overhead" not in causes
+
+
 def test_evidence_says_what_moved(scenario_source: StoreSource) -> None:
     before, after = halves("prefix_cache_miss")
     finding = diagnose(scenario_source, window=after, baseline=before).findings[0]

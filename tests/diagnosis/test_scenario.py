@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnosis.calibrate import steady_rate
 from diagnosis.eval import Case, grid, scoreboard
 from diagnosis.scenario import FAULTS, ScenarioConfig, load_specs, parse_fault, run_scenario, workloads
 from loadgen.workloads import WorkloadShift
@@ -195,3 +196,11 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_the_capacity_probe_counts_completions_after_the_ramp():
+    """A closed loop that starts empty completes nothing for a request's latency: the probe's rate is
+    taken after its first quarter, so a slow ramp does not read as low capacity."""
+    steady = [5.0 + i * 0.25 for i in range(61)]  # 4 requests/s from 5 s to 20 s
+    assert steady_rate(steady, 20.0) == pytest.approx(4.0, rel=0.03)
+    assert steady_rate([], 20.0) == 0.05  # nothing finished: a floor, never zero

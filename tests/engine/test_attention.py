@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import attention
 from engine.attention import (
     Workspace,
     allocate_kv_cache,
@@ -71,6 +72,34 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_attention_equals_dense_reference(case: str, heads: tuple[int, int]) -> None:
     out, expected, *_ = _run_case(CASES[case], *heads)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+GROUPED_CASES = {
+    "decode_spread_lengths": CASES["decode_spread_lengths"],
+    "decode_only": CASES["decode_only"],
+    "mixed": [(1, 9), (6, 6), (1, 4), (4, 11), (1, 17), (1, 30), (3, 3), (1, 2)],
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED_CASES))
+def test_decodes_split_into_length_groups_equal_the_reference(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With free extra calls the plan splits even small batches by length (rows out of length order):
+    every group's rows land where they belong."""
+    monkeypatch.setattr(attention, "GROUP_COST_TOKENS", {"cpu": 0, "cuda": 0})
+    out, expected, _, meta, *_ = _run_case(GROUPED_CASES[case], 4, 2)
+    assert meta.decode_plan is not None and len(meta.decode_plan) >= 2
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sorted_decodes_are_grouped_as_slices_of_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In length order (as the model runner sends them) the groups are views: nothing is copied."""
+    monkeypatch.setattr(attention, "GROUP_COST_TOKENS", {"cpu": 0, "cuda": 0})
+    specs = sorted(CASES["decode_spread_lengths"], key=lambda qs: qs[1])
+    out, expected, _, meta, *_ = _run_case(specs, 4, 2)
+    assert all(isinstance(g.rows, slice) for g in meta.decode_plan)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
