@@ -55,6 +55,7 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
     cache[key] = {"capacity_rps": value, "at": time.time()}
     CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
     CACHE_FILE.write_text(json.dumps(cache, indent=1))
+    cfg.log(f"calibrate: cached in {CACHE_FILE} for {CACHE_MAX_AGE_S // 3600} h")
     return value
 
 
@@ -65,7 +66,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
 
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
-    cfg.log(f"calibrate: probing capacity for {duration_s:g}s (cached in {CACHE_FILE})")
+    cfg.log(f"calibrate: probing capacity for {duration_s:g}s")
     server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), None)
     try:
         warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure

@@ -64,6 +64,8 @@ class DecodeGroup:
     seq_lens: torch.Tensor  # [n]
     seq_lens_list: list[int]
     key_starts: torch.Tensor | None  # [n]: static mode's left padding
+    # (pool size, cache rows to gather, padded length, mask): the same in every layer, built by the first
+    reads: tuple[int, torch.Tensor, int, torch.Tensor | None] | None = None
 
 
 @dataclass(slots=True)
@@ -191,16 +193,10 @@ def paged_attention(
         meta.decode_plan = _decode_plan(meta)
     plan = meta.decode_plan
     if meta.decode_only and len(plan) == 1 and isinstance(plan[0].rows, slice):
-        g = plan[0]
-        return _decode_attention(
-            q, kv_cache, g.block_tables, g.seq_lens, g.seq_lens_list, scale, g.key_starts, meta.workspace
-        )
+        return _decode_attention(q, kv_cache, plan[0], scale, meta.workspace)
     out = torch.empty_like(q)
     for g in plan:
-        out[g.rows] = _decode_attention(
-            q[g.rows], kv_cache, g.block_tables, g.seq_lens, g.seq_lens_list, scale, g.key_starts,
-            meta.workspace,
-        )  # fmt: skip
+        out[g.rows] = _decode_attention(q[g.rows], kv_cache, g, scale, meta.workspace)
     if meta.decode_only:
         return out
     starts = _starts(meta.query_lens)
@@ -291,64 +287,76 @@ def _gather_kv(
     return kv[0], kv[1]
 
 
+def _kv_rows(block_ids: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """block_ids [N] -> their rows of a cache viewed as [2 * num_blocks, block]: K rows, then V rows."""
+    return torch.cat([block_ids, block_ids + num_blocks])
+
+
 def _gather_blocks(
-    kv_cache: KVCache, block_ids: torch.Tensor, workspace: Workspace | None = None
+    kv_cache: KVCache, block_ids: torch.Tensor, workspace: Workspace | None = None, rows: bool = False
 ) -> torch.Tensor:
     """block_ids [N] -> their K and V blocks [2, N, bs, Hkv, Dh] (an int8 cache's dequantized).
 
     One index_select over whole blocks (K rows then V rows of a [2 * num_blocks, block] view) copies
     contiguous runs: about twice as fast on the CPU as advanced indexing `kv_cache[:, block_ids]`.
-    With a `workspace` the result is a view of its buffer, valid until the next gather.
+    With `rows`, `block_ids` are already those rows (`_kv_rows`, [2N]). With a `workspace` the result
+    is a view of its buffer, valid until the next gather.
     """
+    num_blocks = kv_cache.shape[1]
+    ids = block_ids if rows else _kv_rows(block_ids, num_blocks)
     if isinstance(kv_cache, Int8KVCache):
-        return kv_cache.gather_blocks(block_ids, workspace)
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    rows = kv_cache.view(2 * num_blocks, block_size * num_kv_heads * head_dim)
-    ids = torch.cat([block_ids, block_ids + num_blocks])
+        return kv_cache.gather_rows(ids, workspace)
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2 * num_blocks, block_size * num_kv_heads * head_dim)
     if workspace is None:
-        picked = rows.index_select(0, ids)
+        picked = flat.index_select(0, ids)
     else:
-        picked = workspace.take((ids.shape[0], rows.shape[1]), rows.dtype, rows.device)
-        torch.index_select(rows, 0, ids, out=picked)
-    return picked.view(2, block_ids.shape[0], block_size, num_kv_heads, head_dim)
+        picked = workspace.take((ids.shape[0], flat.shape[1]), flat.dtype, flat.device)
+        torch.index_select(flat, 0, ids, out=picked)
+    return picked.view(2, ids.shape[0] // 2, block_size, num_kv_heads, head_dim)
 
 
 def _decode_attention(
-    q: torch.Tensor,
-    kv_cache: KVCache,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_list: list[int],
-    scale: float,
-    key_starts: torch.Tensor | None = None,
-    workspace: Workspace | None = None,
+    q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup, scale: float, workspace: Workspace | None
 ) -> torch.Tensor:
-    """One new token per sequence: q [B, H, Dh], block_tables [B, *], seq_lens [B] -> [B, H, Dh].
+    """One new token per sequence of `group`: q [B, H, Dh] -> [B, H, Dh].
 
-    K/V of all sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length and by
-    `key_starts` [B] (left padding; no mask when all lengths are equal and nothing is padded). GQA
-    without repeating K/V: the G query heads that share a KV head become G "query rows" of that head
-    (one mask fits all: a decode has one position).
+    K/V of all its sequences are gathered into one padded [B, L, Hkv, Dh] and masked by length and by
+    `key_starts` (left padding; no mask when all lengths are equal and nothing is padded). GQA without
+    repeating K/V: the G query heads that share a KV head become G "query rows" of that head (one mask
+    fits all: a decode has one position). The rows to gather and the mask are the same in every layer:
+    built by the first, kept in the group.
     """
     batch, num_heads, head_dim = q.shape
-    _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    max_len = max(seq_lens_list)
-    num_blocks = -(-max_len // block_size)
-    ids = block_tables[:, :num_blocks].reshape(-1)
-    kv = _gather_blocks(kv_cache, ids, workspace)  # [2, B * nb, bs, Hkv, Dh]
-    kv = kv.view(2, batch, num_blocks * block_size, num_kv_heads, head_dim)  # [2, B, L, Hkv, Dh]
-    if min(seq_lens_list) == max_len and key_starts is None:
-        kv, mask = kv[:, :, :max_len], None
-    else:
-        positions = torch.arange(num_blocks * block_size, device=q.device)  # [L]
-        mask = positions[None, :] < seq_lens[:, None]  # [B, L]
-        if key_starts is not None:
-            mask &= positions[None, :] >= key_starts[:, None]
-        mask = mask[:, None, None, :]  # [B, 1, 1, L]
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    if group.reads is None or group.reads[0] != num_blocks:
+        group.reads = (num_blocks, *_decode_reads(group, num_blocks, block_size))
+    _, ids, width, mask = group.reads
+    kv = _gather_blocks(kv_cache, ids, workspace, rows=True)  # [2, B * nb, bs, Hkv, Dh]
+    kv = kv.view(2, batch, width, num_kv_heads, head_dim)  # [2, B, L, Hkv, Dh]
+    if mask is None:
+        kv = kv[:, :, : group.seq_lens_list[0]]
     kv = kv.transpose(2, 3)  # [2, B, Hkv, L, Dh]
     grouped_q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, Dh]
     out = F.scaled_dot_product_attention(grouped_q, kv[0], kv[1], attn_mask=mask, scale=scale)
     return out.reshape(batch, num_heads, head_dim)
+
+
+def _decode_reads(
+    group: DecodeGroup, num_blocks: int, block_size: int
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """What a decode group reads from a pool of `num_blocks`: (cache rows [2 * B * nb], padded length L,
+    mask [B, 1, 1, L] or None when every length is L's and nothing is left-padded)."""
+    max_len = max(group.seq_lens_list)
+    width = -(-max_len // block_size)
+    ids = _kv_rows(group.block_tables[:, :width].reshape(-1), num_blocks)
+    if min(group.seq_lens_list) == max_len and group.key_starts is None:
+        return ids, width * block_size, None
+    positions = torch.arange(width * block_size, device=ids.device)  # [L]
+    mask = positions[None, :] < group.seq_lens[:, None]  # [B, L]
+    if group.key_starts is not None:
+        mask &= positions[None, :] >= group.key_starts[:, None]
+    return ids, width * block_size, mask[:, None, None, :]  # [B, 1, 1, L]
 
 
 # A padded decode batch reads every sequence's K/V up to the longest one's length; splitting it costs a

@@ -302,16 +302,16 @@ class Int8KVCache:
             values[i].index_copy_(0, slot_mapping, q)
             scales[i].index_copy_(0, slot_mapping, s)
 
-    def gather_blocks(self, block_ids: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
-        """block_ids [N] -> their K and V blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`.
+    def gather_rows(self, rows: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+        """rows [2N] of the [2 * num_blocks, block] view (N blocks' K rows, then their V rows) -> those
+        blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`.
 
         With a `workspace` (and an fp32 `dtype`) the result is a view of its buffer.
         """
         _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
-        rows = torch.cat([block_ids, block_ids + num_blocks])  # K rows, then V rows
         values = self.values.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv * Dh]
         scales = self.scales.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv]
-        shape = (2, block_ids.shape[0], block_size, num_kv_heads)
+        shape = (2, rows.shape[0] // 2, block_size, num_kv_heads)
         if workspace is None or self.dtype != torch.float32:
             return dequantize_kv(values.view(*shape, head_dim), scales.view(shape), self.dtype)
         out = workspace.take((*shape, head_dim), torch.float32, values.device)
