@@ -92,7 +92,7 @@ def run_hf(core: EngineCore, workload: list[tuple[list[int], int]], batch_size: 
     return produced / (time.perf_counter() - start)
 
 
-def decode_step_ms(core: EngineCore, batch: int, context: int = 256, steps: int = 20) -> float:
+def decode_step_ms(core: EngineCore, batch: int, context: int = 256, steps: int = 40) -> float:
     """Median engine step time with `batch` sequences decoding at `context` tokens of history."""
     core.update_limits(max_num_seqs=batch, max_num_batched_tokens=max(batch * context, 512))
     sp = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True)
