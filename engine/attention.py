@@ -375,49 +375,50 @@ def _decode_plan(meta: AttentionMetadata) -> list[DecodeGroup]:
     padded batch reads about twice the tokens there are. The model runner orders a step's sequences by
     length, so the groups are contiguous slices and nothing is copied.
     """
-    device = meta.seq_lens.device
-    starts = _starts(meta.query_lens)
     rows = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
     if not rows:
         return []
     order = sorted(rows, key=lambda b: meta.seq_lens_list[b])
-    lens = [meta.seq_lens_list[b] for b in order]
-    cost_per_group = GROUP_COST_TOKENS.get(device.type, GROUP_COST_TOKENS["cuda"])
-    best_k, best_cost = 1, len(lens) * lens[-1]
+    device = meta.seq_lens.device
+    k = _group_count([meta.seq_lens_list[b] for b in order], GROUP_COST_TOKENS.get(device.type, 4096))
+    if k == 1:
+        order = rows  # one group: keep the step's own order
+    starts = _starts(meta.query_lens)
+    bounds = [len(order) * i // k for i in range(k + 1)]
+    return [_decode_group(meta, order[s:e], starts) for s, e in itertools.pairwise(bounds)]
+
+
+def _group_count(sorted_lens: list[int], cost_per_group: int) -> int:
+    """The k in 1, 2, 4, 8 whose equal runs of `sorted_lens` read the fewest padded tokens plus
+    `cost_per_group` for each group."""
+    n = len(sorted_lens)
+    best_k, best_cost = 1, n * sorted_lens[-1]
     k = 2
-    while k <= MAX_DECODE_GROUPS and len(lens) >= 2 * k:
-        bounds = [len(lens) * i // k for i in range(k + 1)]
-        cost = sum((e - s) * lens[e - 1] + cost_per_group for s, e in itertools.pairwise(bounds))
+    while k <= MAX_DECODE_GROUPS and n >= 2 * k:
+        bounds = [n * i // k for i in range(k + 1)]
+        cost = sum((e - s) * sorted_lens[e - 1] + cost_per_group for s, e in itertools.pairwise(bounds))
         if cost < best_cost:
             best_k, best_cost = k, cost
         k *= 2
-    if best_k == 1:
-        order = rows  # one group: keep the step's own order
-        lens = [meta.seq_lens_list[b] for b in order]
-    bounds = [len(order) * i // best_k for i in range(best_k + 1)]
-    groups = []
-    for s, e in itertools.pairwise(bounds):
-        members = order[s:e]
-        tokens = [starts[b] for b in members]
-        contiguous = members == list(range(members[0], members[-1] + 1)) and tokens == list(
-            range(tokens[0], tokens[-1] + 1)
-        )
-        if contiguous and len(members) == len(meta.query_lens):
-            token_rows: slice | torch.Tensor = slice(None)
-        elif contiguous:
-            token_rows = slice(tokens[0], tokens[-1] + 1)
-        else:
-            token_rows = torch.tensor(tokens, dtype=torch.long, device=device)
-        if contiguous:
-            picked = slice(members[0], members[-1] + 1)
-            tables, seq_lens = meta.block_tables[picked], meta.seq_lens[picked]
-            key_starts = None if meta.key_starts is None else meta.key_starts[picked]
-        else:
-            idx = torch.tensor(members, dtype=torch.long, device=device)
-            tables, seq_lens = meta.block_tables[idx], meta.seq_lens[idx]
-            key_starts = None if meta.key_starts is None else meta.key_starts[idx]
-        groups.append(DecodeGroup(token_rows, tables, seq_lens, lens[s:e], key_starts))
-    return groups
+    return best_k
+
+
+def _decode_group(meta: AttentionMetadata, members: list[int], starts: list[int]) -> DecodeGroup:
+    """The decode group of sequences `members`: slices of the step's tensors when they are consecutive
+    (as the model runner orders them), index tensors otherwise."""
+    device = meta.seq_lens.device
+    tokens = [starts[b] for b in members]
+    consecutive = members == list(range(members[0], members[-1] + 1))
+    if consecutive and tokens == list(range(tokens[0], tokens[-1] + 1)):
+        whole = len(members) == len(meta.query_lens)
+        rows: slice | torch.Tensor = slice(None) if whole else slice(tokens[0], tokens[-1] + 1)
+        picked: slice | torch.Tensor = slice(members[0], members[-1] + 1)
+    else:
+        rows = torch.tensor(tokens, dtype=torch.long, device=device)
+        picked = torch.tensor(members, dtype=torch.long, device=device)
+    key_starts = None if meta.key_starts is None else meta.key_starts[picked]
+    lens = [meta.seq_lens_list[b] for b in members]
+    return DecodeGroup(rows, meta.block_tables[picked], meta.seq_lens[picked], lens, key_starts)
 
 
 def _prefill_attention(
