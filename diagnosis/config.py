@@ -89,6 +89,10 @@ class DiagnosisConfig:
     # Front-end RPC delay up by half and by 1 ms per token.
     rpc_ratio: float = 1.5
     min_rpc_increase_s: float = 0.001
+    # The channel is where the time went when the RPC delay grew by at least half the growth of the gaps
+    # between steps (a slow codec: delay +13-23 ms against gaps +3.6-5.3 ms from the core's own encoding;
+    # a 100 ms stall: delay +1.0 ms against gaps +26 ms).
+    rpc_share_of_gap: float = 0.5
     # KV transfer: its share of TTFT up by 10 points and transfer seconds per prompt token up by half.
     kv_transfer_share_increase: float = 0.10
     kv_transfer_per_token_ratio: float = 1.5

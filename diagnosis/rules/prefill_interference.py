@@ -37,7 +37,8 @@ def _same_prefill_work(facts: Facts) -> bool:
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """P99 prefill tokens in decode steps up by `prefill_chunk_ratio`, prompt lengths within
-    `steady_prompt_ratio`, and chunking turned off (or else the prefill work per request, batch size and
+    `steady_prompt_ratio` (`long_prompt_ratio` when chunking was turned off), and chunking turned off
+    (or else the prefill work per request, batch size and
     preemptions unchanged); share from the prefill part of the step period, or 0.7 for inter-token stalls."""
     cfg = facts.config
     if missing := steps_missing(facts, CAUSE):
@@ -48,9 +49,11 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not chunk >= cfg.prefill_chunk_ratio:
         return None
     lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
-    if not lengths <= cfg.steady_prompt_ratio:
-        return None
     chunking_off = facts.sb("chunked_share") - facts.sc("chunked_share") >= cfg.chunking_off_share
+    # Chunking turned off is the change itself: then only a long_prompts-sized shift competes (a mix of
+    # ~100 requests with 1-2k-token documents moved its mean prompt x1.32 between halves by chance).
+    if not lengths <= (cfg.long_prompt_ratio if chunking_off else cfg.steady_prompt_ratio):
+        return None
     if not chunking_off and not _same_prefill_work(facts):
         return None
     share = period_share(facts, "prefill_in_decode_steps")

@@ -13,6 +13,7 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import best, make_finding, strength
+from diagnosis.rules.scheduler_stall import channel_dominates
 
 CAUSE = "rpc_overhead"
 LEVER = (
@@ -33,6 +34,8 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not (rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb):
         return None
     gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean")
+    if not channel_dominates(facts):
+        return None  # the gaps between steps grew far more: the loop stalled, the channel did not
     per_token = (rc - rb) + (gap if math.isfinite(gap) and gap > 0 else 0.0)
     # Every token crosses the channel: the delay's growth is its part of the mean TPOT change (which is
     # also how it reaches E2E, goodput and throughput) and, once, of the mean TTFT change.

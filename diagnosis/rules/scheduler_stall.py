@@ -30,6 +30,17 @@ def rpc_grew(facts: Facts) -> bool | None:
     return rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb
 
 
+def channel_dominates(facts: Facts) -> bool:
+    """Did the RPC delay grow by at least `rpc_share_of_gap` of the gaps' growth? A slow channel also
+    slows the core's encoding (gaps grow), and a stall also delays a few frames (the delay grows): which
+    grew more says where the time went."""
+    rpc = facts.c("rpc_delay_mean") - facts.b("rpc_delay_mean")
+    gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean") if facts.steps is not None else 0.0
+    if not math.isfinite(gap) or gap <= 0:
+        return True
+    return rpc >= facts.config.rpc_share_of_gap * gap
+
+
 def gaps_grew(facts: Facts) -> bool:
     """Did the mean gap before decode steps grow past `gap_ratio` and `min_gap_increase_s`?
 
@@ -44,7 +55,8 @@ def gaps_grew(facts: Facts) -> bool:
 
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
-    """Mean gap before decode steps up by `gap_ratio` and `min_gap_increase_s`; RPC delay not grown.
+    """Mean gap before decode steps up by `gap_ratio` and `min_gap_increase_s`; RPC delay not grown, or
+    grown by less than `rpc_share_of_gap` of the gaps' growth (`channel_dominates`).
     Share = gaps' part of the step-period change. Arrivals are reported, not tested: more arrivals do
     not open gaps between steps (`gaps_grew`), and a stall's queue makes the change point land where
     arrivals happen to bunch."""
@@ -52,7 +64,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
     gb, gc = facts.sb("work_gap_mean"), facts.sc("work_gap_mean")
-    if not symptoms or not gaps_grew(facts) or rpc_grew(facts):
+    if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
     share = period_share(facts, "gaps")
     evidence = [
