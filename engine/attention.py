@@ -50,8 +50,7 @@ class Workspace:
         numel = math.prod(shape)
         buf = self._buf
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-            size = max(numel + numel // 4, 0 if buf is None or buf.dtype != dtype else buf.numel())
-            buf = self._buf = torch.empty(size, dtype=dtype, device=device)
+            buf = self._buf = torch.empty(numel + numel // 4, dtype=dtype, device=device)  # room to grow
         return buf[:numel].view(shape)
 
 

@@ -11,7 +11,14 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength
+from diagnosis.rules.base import (
+    best,
+    chunking_turned_off,
+    make_finding,
+    period_share,
+    steps_missing,
+    strength,
+)
 
 CAUSE = "oversized_batch"
 LEVER = (
@@ -43,7 +50,7 @@ def _admissions_follow_the_batch(facts: Facts) -> bool:
     part 33%. Not so when chunking was turned off or prompts lengthened (prefill_interference,
     long_prompts)."""
     cfg = facts.config
-    chunking_off = facts.sb("chunked_share") - facts.sc("chunked_share") >= cfg.chunking_off_share
+    chunking_off = chunking_turned_off(facts)
     lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
     return not chunking_off and 1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio
 

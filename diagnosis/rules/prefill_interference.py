@@ -11,7 +11,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import make_finding, period_share, steps_missing, strength
+from diagnosis.rules.base import chunking_turned_off, make_finding, period_share, steps_missing, strength
 
 CAUSE = "prefill_interference"
 LEVER = (
@@ -49,7 +49,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not chunk >= cfg.prefill_chunk_ratio:
         return None
     lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
-    chunking_off = facts.sb("chunked_share") - facts.sc("chunked_share") >= cfg.chunking_off_share
+    chunking_off = chunking_turned_off(facts)
     # Chunking turned off is the change itself: then only a long_prompts-sized shift competes (a mix of
     # ~100 requests with 1-2k-token documents moved its mean prompt x1.32 between halves by chance).
     if not lengths <= (cfg.long_prompt_ratio if chunking_off else cfg.steady_prompt_ratio):

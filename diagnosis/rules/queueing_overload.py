@@ -10,8 +10,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding
-from diagnosis.rules.base import make_finding, strength, ttft_share
-from diagnosis.rules.scheduler_stall import gaps_grew
+from diagnosis.rules.base import gaps_grew, make_finding, strength, ttft_share
 
 CAUSE = "queueing_overload"
 LEVER = (
@@ -22,7 +21,7 @@ LEVER = (
 
 def evaluate(facts: Facts) -> Finding | None:
     """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`,
-    and no growth of the gaps between steps (`scheduler_stall.gaps_grew`)."""
+    and no growth of the gaps between steps (`base.gaps_grew`)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "goodput", "tpot")
     arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan

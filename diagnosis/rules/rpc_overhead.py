@@ -12,8 +12,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, make_finding, strength
-from diagnosis.rules.scheduler_stall import channel_dominates
+from diagnosis.rules.base import best, channel_dominates, make_finding, rpc_grew, strength
 
 CAUSE = "rpc_overhead"
 LEVER = (
@@ -31,7 +30,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return NotEnoughData(CAUSE, "stepscope.rpc.delay_mean_s on llm_request (front-end RPC delay)")
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
     rb, rc = facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")
-    if not symptoms or not (rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb):
+    if not symptoms or not rpc_grew(facts):
         return None
     gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean")
     if not channel_dominates(facts):

@@ -12,46 +12,21 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.model import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import make_finding, period_share, steps_missing, strength
+from diagnosis.rules.base import (
+    channel_dominates,
+    gaps_grew,
+    make_finding,
+    period_share,
+    rpc_grew,
+    steps_missing,
+    strength,
+)
 
 CAUSE = "scheduler_stall"
 LEVER = (
     "Profile the step loop between steps (py-spy dump, lock contention, GC): move the blocking work "
     "(locks held by other threads, logging, metrics export, tokenization) off the loop."
 )
-
-
-def rpc_grew(facts: Facts) -> bool | None:
-    """Did the front end's RPC delay grow past its thresholds? None when it is not measured."""
-    cfg = facts.config
-    if not (facts.b("with_rpc") > 0 and facts.c("with_rpc") > 0):
-        return None
-    rb, rc = facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")
-    return rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb
-
-
-def channel_dominates(facts: Facts) -> bool:
-    """Did the RPC delay grow by at least `rpc_share_of_gap` of the gaps' growth? A slow channel also
-    slows the core's encoding (gaps grow), and a stall also delays a few frames (the delay grows): which
-    grew more says where the time went."""
-    rpc = facts.c("rpc_delay_mean") - facts.b("rpc_delay_mean")
-    gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean") if facts.steps is not None else 0.0
-    if not math.isfinite(gap) or gap <= 0:
-        return True
-    return rpc >= facts.config.rpc_share_of_gap * gap
-
-
-def gaps_grew(facts: Facts) -> bool:
-    """Did the mean gap before decode steps grow past `gap_ratio` and `min_gap_increase_s`?
-
-    Queueing cannot do that: with requests waiting the loop starts the next step at once (overload at
-    4x arrivals kept the gap at 0.49 -> 0.51 ms; a 100 ms stall every 100-250 ms took it to 18-20 ms).
-    """
-    cfg = facts.config
-    if facts.steps is None:
-        return False
-    gb, gc = facts.sb("work_gap_mean"), facts.sc("work_gap_mean")
-    return gc - gb >= cfg.min_gap_increase_s and gc >= cfg.gap_ratio * gb
 
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
