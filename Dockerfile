@@ -18,6 +18,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# A C compiler for the native decode-attention kernel (engine/kernels), built on first use for the CPU
+# it runs on; without one the engine falls back to the torch path.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first, from the chosen index, so the project's `torch>=...` never pulls another build.
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}"
 

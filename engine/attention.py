@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.kernels import PagedDecodeKernel
 from engine.quant import Int8KVCache
 
 KVCache = torch.Tensor | Int8KVCache  # one layer's cache: [2, num_blocks, block_size, Hkv, Dh]
@@ -88,6 +89,9 @@ class AttentionMetadata:
     key_starts_list: list[int] | None = None
     workspace: Workspace | None = None  # where gathered K/V go; None: fresh tensors
     decode_plan: list[DecodeGroup] | None = None  # built by the first layer that needs it (`_decode_plan`)
+    # engine/kernels: decodes read a float32 cache in place instead of gathering (None: the torch path)
+    decode_kernel: PagedDecodeKernel | None = None
+    decode_index: tuple[torch.Tensor, torch.Tensor] | None = None  # the decodes' (sequences, token rows)
 
     @property
     def num_seqs(self) -> int:
@@ -187,15 +191,11 @@ def paged_attention(
     similar context lengths (`_decode_plan`); the others (prefills, prefill chunks) get one SDPA call
     each. Keys below `meta.key_starts` (left padding) are hidden from real queries.
     """
-    _write_kv(kv_cache, meta.slot_mapping, k, v)
-    if meta.decode_plan is None:
-        meta.decode_plan = _decode_plan(meta)
-    plan = meta.decode_plan
-    if meta.decode_only and len(plan) == 1 and isinstance(plan[0].rows, slice):
-        return _decode_attention(q, kv_cache, plan[0], scale, meta.workspace)
-    out = torch.empty_like(q)
-    for g in plan:
-        out[g.rows] = _decode_attention(q[g.rows], kv_cache, g, scale, meta.workspace)
+    if meta.decode_kernel is not None and isinstance(kv_cache, torch.Tensor):
+        out = _kernel_decodes(q, k, v, kv_cache, meta, scale)  # writes this step's K/V too
+    else:
+        _write_kv(kv_cache, meta.slot_mapping, k, v)
+        out = _grouped_decodes(q, kv_cache, meta, scale)
     if meta.decode_only:
         return out
     starts = _starts(meta.query_lens)
@@ -207,6 +207,59 @@ def paged_attention(
             out[s:e] = _prefill_one(
                 q[s:e], k[s:e], v[s:e], kv_cache, table, seq_len, scale, key_start, meta.workspace
             )
+    return out
+
+
+def _kernel_decodes(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The native kernel writes this step's K/V and attends every decode: [T, H, Dh], the decodes' rows
+    filled (the others are the caller's to fill)."""
+    assert meta.decode_kernel is not None
+    if meta.decode_index is None:
+        starts = _starts(meta.query_lens)
+        seqs = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
+        as_long = dict(dtype=torch.long, device=q.device)
+        meta.decode_index = (
+            torch.tensor(seqs, **as_long),
+            torch.tensor([starts[b] for b in seqs], **as_long),
+        )
+    seqs, tokens = meta.decode_index
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    meta.decode_kernel(
+        q,
+        k,
+        v,
+        meta.slot_mapping,
+        out,
+        kv_cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.key_starts,
+        seqs,
+        tokens,
+        scale,
+    )
+    return out
+
+
+def _grouped_decodes(
+    q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """[T, H, Dh] with every decode's row attended by gather + SDPA, a call per length group."""
+    if meta.decode_plan is None:
+        meta.decode_plan = _decode_plan(meta)
+    plan = meta.decode_plan
+    if meta.decode_only and len(plan) == 1 and isinstance(plan[0].rows, slice):
+        return _decode_attention(q, kv_cache, plan[0], scale, meta.workspace)
+    out = torch.empty_like(q)
+    for g in plan:
+        out[g.rows] = _decode_attention(q[g.rows], kv_cache, g, scale, meta.workspace)
     return out
 
 

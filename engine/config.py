@@ -103,6 +103,7 @@ def preset(name: str) -> ModelConfig:
 SchedulingMode = Literal["continuous", "static"]
 WeightDtype = Literal["auto", "fp32", "bf16", "fp16", "int8"]
 KVDtype = Literal["auto", "int8"]
+AttentionBackend = Literal["auto", "torch"]
 
 
 @dataclass(slots=True)
@@ -121,6 +122,13 @@ class EngineConfig:
     kv_dtype: KVDtype = field(
         default="auto",
         metadata={"help": "KV cache: auto (the model dtype) or int8 per token and head (~2x the tokens)"},
+    )
+    attention_backend: AttentionBackend = field(
+        default="auto",
+        metadata={
+            "help": "auto: decode attention through a native kernel that reads a float32 CPU cache in place "
+            "(built on first use with the C compiler, else torch); torch: gather + SDPA everywhere"
+        },
     )
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     num_kv_blocks: int = field(
@@ -164,7 +172,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("continuous", "static"):
             raise ValueError(f"scheduling must be continuous or static, got {self.scheduling!r}")
-        for name, kind in (("weight_dtype", WeightDtype), ("kv_dtype", KVDtype)):
+        for name, kind in (
+            ("weight_dtype", WeightDtype),
+            ("kv_dtype", KVDtype),
+            ("attention_backend", AttentionBackend),
+        ):
             value, choices = getattr(self, name), typing.get_args(kind)
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -78,7 +78,14 @@ class EngineCore:
         self.config.num_kv_blocks = num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
-            model, self.model_config, num_blocks, config.block_size, self.device, self.dtype, kv_int8
+            model,
+            self.model_config,
+            num_blocks,
+            config.block_size,
+            self.device,
+            self.dtype,
+            kv_int8,
+            native_decode=config.attention_backend == "auto",
         )
         eos = self.model_config.eos_token_id
         self.scheduler = Scheduler(config, self.kv, self.model_config.max_model_len, eos)

@@ -23,6 +23,7 @@ from engine.attention import (
     concat_kv_blocks,
 )
 from engine.config import ModelConfig
+from engine.kernels import PagedDecodeKernel, paged_decode
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
@@ -46,6 +47,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         kv_int8: bool = False,
+        native_decode: bool = False,
     ) -> None:
         self.model = model
         self.model_config = model_config
@@ -55,6 +57,13 @@ class ModelRunner:
         self.kv_int8 = kv_int8  # int8 K/V with per-token scales (engine/quant.py), read back in `dtype`
         self.kv_caches = self._allocate(num_blocks)
         self.workspace = Workspace()  # gathered K/V, reused by every layer and step
+        # Decodes read a float32 CPU cache in place (engine/kernels) where the kernel builds here.
+        native = native_decode and device.type == "cpu" and dtype == torch.float32 and not kv_int8
+        cfg = model_config
+        native = native and PagedDecodeKernel.supports(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size
+        )
+        self.decode_kernel = paged_decode() if native else None
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -134,6 +143,7 @@ class ModelRunner:
             query_lens=query_lens,
             seq_lens_list=seq_lens,
             workspace=self.workspace,
+            decode_kernel=self.decode_kernel,
         )
         if any(key_starts):
             meta.key_starts = torch.tensor(key_starts, dtype=torch.long, device=dev)

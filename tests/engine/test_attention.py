@@ -15,10 +15,22 @@ from engine.attention import (
     paged_attention,
 )
 from engine.config import ModelConfig
+from engine.kernels import PagedDecodeKernel, paged_decode
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 HEAD_DIM = 16
+
+
+@pytest.fixture(params=["torch", "native"])
+def decode_kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel | None:
+    """Decodes through the torch path (gather + SDPA) or the native kernel that reads blocks in place."""
+    if request.param == "torch":
+        return None
+    kernel = paged_decode()
+    if kernel is None:
+        pytest.skip("the native kernel needs a C compiler, and none is on this machine")
+    return kernel
 
 
 def _run_case(
@@ -27,6 +39,7 @@ def _run_case(
     num_kv_heads: int,
     seed: int = 0,
     workspace: Workspace | None = None,
+    decode_kernel: PagedDecodeKernel | None = None,
 ):
     """specs: (query_len, seq_len) per sequence. Cached prefixes are written into random blocks first.
 
@@ -52,6 +65,7 @@ def _run_case(
         expected.append(dense_attention_reference(q, full_k, full_v, scale))
     meta = make_attention_metadata([q for q, _ in specs], [s for _, s in specs], tables, BLOCK_SIZE)
     meta.workspace = workspace
+    meta.decode_kernel = decode_kernel
     k, v = torch.cat(ks), torch.cat(vs)
     out = paged_attention(torch.cat(qs), k, v, cache, meta, scale)
     return out, torch.cat(expected), cache, meta, k, v
@@ -70,8 +84,10 @@ CASES = {
 
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_paged_attention_equals_dense_reference(case: str, heads: tuple[int, int]) -> None:
-    out, expected, *_ = _run_case(CASES[case], *heads)
+def test_paged_attention_equals_dense_reference(
+    case: str, heads: tuple[int, int], decode_kernel: PagedDecodeKernel | None
+) -> None:
+    out, expected, *_ = _run_case(CASES[case], *heads, decode_kernel=decode_kernel)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -113,8 +129,8 @@ def test_a_reused_workspace_changes_no_output() -> None:
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_new_keys_and_values_land_in_their_slots() -> None:
-    _, _, cache, meta, k, v = _run_case(CASES["mixed"], 4, 2)
+def test_new_keys_and_values_land_in_their_slots(decode_kernel: PagedDecodeKernel | None) -> None:
+    _, _, cache, meta, k, v = _run_case(CASES["mixed"], 4, 2, decode_kernel=decode_kernel)
     flat = cache.view(2, NUM_BLOCKS * BLOCK_SIZE, 2, HEAD_DIM)
     torch.testing.assert_close(flat[0, meta.slot_mapping], k)
     torch.testing.assert_close(flat[1, meta.slot_mapping], v)
@@ -141,7 +157,12 @@ def test_kv_cache_allocation_matches_its_byte_count() -> None:
     )
 
 
-def _run_padded_case(specs: list[tuple[int, int, int]], num_heads: int = 4, num_kv_heads: int = 2):
+def _run_padded_case(
+    specs: list[tuple[int, int, int]],
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    decode_kernel: PagedDecodeKernel | None = None,
+):
     """specs: (pads, query_len, real_len) per sequence. Its cache holds `pads` garbage positions, then
     `real_len` real ones; the queries are the last `query_len` cache positions (pads included when it
     covers them). Returns the real query rows of the paged output and their dense reference."""
@@ -177,6 +198,7 @@ def _run_padded_case(specs: list[tuple[int, int, int]], num_heads: int = 4, num_
         BLOCK_SIZE,
         key_starts=[p for p, *_ in specs],
     )
+    meta.decode_kernel = decode_kernel
     out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), cache, meta, scale)
     assert torch.isfinite(out).all(), "pad query rows must stay finite"
     return out[real_rows], torch.cat(expected)
@@ -191,6 +213,8 @@ PADDED_CASES = {
 
 
 @pytest.mark.parametrize("case", list(PADDED_CASES))
-def test_left_padding_is_invisible_to_real_queries(case: str) -> None:
-    out, expected = _run_padded_case(PADDED_CASES[case])
+def test_left_padding_is_invisible_to_real_queries(
+    case: str, decode_kernel: PagedDecodeKernel | None
+) -> None:
+    out, expected = _run_padded_case(PADDED_CASES[case], decode_kernel=decode_kernel)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

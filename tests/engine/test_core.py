@@ -46,6 +46,17 @@ def test_static_and_unchunked_modes_give_the_same_greedy_outputs(alone_outputs):
         assert llm.core.kv.pool.num_used == 0
 
 
+def test_torch_attention_gives_the_native_kernels_greedy_outputs(alone_outputs):
+    """The reference ran with the default backend (the native decode kernel where it builds); gather +
+    SDPA must agree token for token, continuous and static (left-padded) alike."""
+    ps, alone = alone_outputs
+    for cfg in (
+        config(attention_backend="torch", max_num_seqs=8),
+        config(attention_backend="torch", scheduling="static"),
+    ):
+        assert [g.token_ids for g in LLM(cfg).generate(ps, GREEDY)] == alone, cfg.scheduling
+
+
 def test_prefix_cache_hit_changes_no_output_and_computes_fewer_tokens():
     system = prompts(1, seed=3, lo=80, hi=80)[0]
     a, b = system + [1, 2, 3], system + [4, 5, 6, 7]

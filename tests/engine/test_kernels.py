@@ -1,0 +1,74 @@
+"""The native decode kernel: built once per machine, refused layouts change nothing, and an engine
+without a C compiler still serves (on the torch path)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import kernels
+from engine.attention import make_attention_metadata
+from engine.config import EngineConfig, SamplingParams
+from engine.llm import LLM
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+def fresh_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """No kernel loaded yet in this process, and builds going to an empty directory."""
+    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setenv("STEPSCOPE_KERNEL_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_library_is_built_once_into_the_kernel_dir(fresh_kernels) -> None:
+    if kernels.paged_decode() is None:
+        pytest.skip("no C compiler on this machine")
+    built = list(fresh_kernels.glob("paged_decode-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert kernels._build(kernels.SOURCE) == built[0]  # a second process finds it
+    assert built[0].stat().st_mtime_ns == stamp
+    assert not list(fresh_kernels.glob("*.tmp")), "no half-written file is left behind"
+
+
+def test_without_a_compiler_the_engine_serves_on_the_torch_path(
+    fresh_kernels, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CC", str(fresh_kernels / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+        llm = LLM(EngineConfig(model="tiny", num_threads=1))
+    assert llm.core.runner.decode_kernel is None
+    assert "using the torch path" in caplog.text
+    reference = LLM(EngineConfig(model="tiny", num_threads=1, attention_backend="torch"))
+    prompt = [[5, 9, 2, 7, 1, 3]]
+    assert llm.generate(prompt, GREEDY)[0].token_ids == reference.generate(prompt, GREEDY)[0].token_ids
+
+
+def test_a_layout_beyond_the_kernel_is_refused_and_nothing_is_written() -> None:
+    kernel = kernels.paged_decode()
+    if kernel is None:
+        pytest.skip("no C compiler on this machine")
+    assert not kernel.supports(num_heads=66, num_kv_heads=2, head_dim=16, block_size=4)  # 33 per KV head
+    cache = torch.zeros(2, 4, 4, 2, 16)
+    meta = make_attention_metadata([1], [3], [[2]], block_size=4)
+    q, out = torch.randn(1, 66, 16), torch.empty(1, 66, 16)
+    k, v = torch.randn(1, 2, 16), torch.randn(1, 2, 16)
+    seqs = tokens = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="cannot take heads=66"):
+        kernel(
+            q, k, v, meta.slot_mapping, out, cache, meta.block_tables, meta.seq_lens, None, seqs, tokens, 0.25
+        )
+    assert not cache.any()
+
+
+def test_the_model_runner_picks_the_kernel_only_where_it_applies() -> None:
+    if kernels.paged_decode() is None:
+        pytest.skip("no C compiler on this machine")
+    assert LLM(EngineConfig(model="tiny", num_threads=1)).core.runner.decode_kernel is not None
+    for off in ({"attention_backend": "torch"}, {"kv_dtype": "int8"}, {"dtype": "bf16"}):
+        llm = LLM(EngineConfig(model="tiny", num_threads=1, **off))
+        assert llm.core.runner.decode_kernel is None, off
