@@ -24,6 +24,7 @@ from engine.config import EngineConfig, ModelConfig, preset
 from engine.device import resolve_device
 from engine.events import Event, EventBuffer, RequestEvent, ScheduledChunk, StepEvent
 from engine.model_runner import ModelRunner
+from engine.packed import pack_model, packing_available
 from engine.quant import (
     dequantize_model,
     is_quantized,
@@ -71,6 +72,9 @@ class EngineCore:
         self.model_config, model = load_model(config, self.device, self.dtype)
         if config.weight_dtype == "int8":
             quantize_model(model)
+        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        if config.weight_packing and cpu_fp32 and packing_available():
+            pack_model(model)
         self.tokenizer: Tokenizer = get_tokenizer(config.model, self.model_config.vocab_size)
         kv_int8 = config.kv_dtype == "int8"
         block_bytes = kv_block_bytes(config, self.model_config, self.dtype)
