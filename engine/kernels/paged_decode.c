@@ -17,11 +17,13 @@
  * Query heads h * G .. h * G + G - 1 share KV head h (grouped-query attention, G = H / Hkv).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #define LANES 16
-#define MAX_GROUP 32
+#define MAX_GROUP 32   /* query heads per KV head */
+#define MAX_QUERIES 64 /* query heads one task attends: a KV head's group, or a whole decode's */
 #define MAX_DIM 256
 #define MAX_BLOCK 256
 
@@ -45,18 +47,20 @@ static inline void scale_row(float *y, float a, int64_t d) {
     for (int64_t i = 0; i < d; i++) y[i] *= a;
 }
 
-/* One (decode, KV head) pair: its G query heads over the sequence's context, a block at a time (scores
- * of the block's keys, then one rescale of the running sums if the block raised the maximum). */
+/* One decode's query heads of KV heads kv_head .. kv_head + kv_count - 1 over its context, a block at a
+ * time: the scores of the block's keys, one rescale of the running sums if the block raised a maximum,
+ * then the weighted values. K and V rows are read in cache order (token, then head), each once. */
 static void attend(const float *q, float *out, const float *k_cache, const float *v_cache,
-                   const int64_t *table, int64_t start, int64_t len, int64_t kv_head, int64_t group,
-                   int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
-    float acc[MAX_GROUP][MAX_DIM];
-    float scores[MAX_GROUP][MAX_BLOCK];
-    float run_max[MAX_GROUP], run_sum[MAX_GROUP];
-    for (int64_t g = 0; g < group; g++) {
-        memset(acc[g], 0, (size_t)dim * sizeof(float));
-        run_max[g] = -INFINITY;
-        run_sum[g] = 0.0f;
+                   const int64_t *table, int64_t start, int64_t len, int64_t kv_head, int64_t kv_count,
+                   int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
+    const int64_t queries = kv_count * group; /* query head qi reads KV head kv_head + qi / group */
+    float acc[MAX_QUERIES][MAX_DIM];
+    float scores[MAX_QUERIES][MAX_BLOCK];
+    float run_max[MAX_QUERIES], run_sum[MAX_QUERIES];
+    for (int64_t qi = 0; qi < queries; qi++) {
+        memset(acc[qi], 0, (size_t)dim * sizeof(float));
+        run_max[qi] = -INFINITY;
+        run_sum[qi] = 0.0f;
     }
     const int64_t row = num_kv_heads * dim; /* floats between consecutive tokens of a block */
     for (int64_t first = start; first < len;) {
@@ -64,30 +68,31 @@ static void attend(const float *q, float *out, const float *k_cache, const float
         const int64_t n = (len - first < block_size - offset) ? len - first : block_size - offset;
         const int64_t base = (table[first / block_size] * block_size + offset) * row + kv_head * dim;
         const float *k = k_cache + base, *v = v_cache + base;
-        for (int64_t g = 0; g < group; g++) {
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t qi = 0; qi < queries; qi++)
+                scores[qi][j] = dot(q + qi * dim, k + j * row + (qi / group) * dim, dim) * scale;
+        for (int64_t qi = 0; qi < queries; qi++) {
             float block_max = -INFINITY;
-            for (int64_t j = 0; j < n; j++) {
-                const float s = dot(q + g * dim, k + j * row, dim) * scale;
-                scores[g][j] = s;
-                block_max = s > block_max ? s : block_max;
-            }
-            if (block_max > run_max[g]) {
-                const float shrink = expf(run_max[g] - block_max); /* 0 before the first block */
-                run_sum[g] *= shrink;
-                scale_row(acc[g], shrink, dim);
-                run_max[g] = block_max;
+            for (int64_t j = 0; j < n; j++) block_max = scores[qi][j] > block_max ? scores[qi][j] : block_max;
+            if (block_max > run_max[qi]) {
+                const float shrink = expf(run_max[qi] - block_max); /* 0 before the first block */
+                run_sum[qi] *= shrink;
+                scale_row(acc[qi], shrink, dim);
+                run_max[qi] = block_max;
             }
             for (int64_t j = 0; j < n; j++) {
-                const float p = expf(scores[g][j] - run_max[g]);
-                run_sum[g] += p;
-                axpy(acc[g], p, v + j * row, dim);
+                scores[qi][j] = expf(scores[qi][j] - run_max[qi]);
+                run_sum[qi] += scores[qi][j];
             }
         }
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t qi = 0; qi < queries; qi++)
+                axpy(acc[qi], scores[qi][j], v + j * row + (qi / group) * dim, dim);
         first += n;
     }
-    for (int64_t g = 0; g < group; g++) {
-        const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
-        for (int64_t i = 0; i < dim; i++) out[g * dim + i] = acc[g][i] * inv;
+    for (int64_t qi = 0; qi < queries; qi++) {
+        const float inv = run_sum[qi] > 0.0f ? 1.0f / run_sum[qi] : 0.0f;
+        for (int64_t i = 0; i < dim; i++) out[qi * dim + i] = acc[qi][i] * inv;
     }
 }
 
@@ -111,15 +116,19 @@ int paged_decode_f32(const float *q, int64_t q_stride, float *out, int64_t out_s
         memcpy(k_cache + slots[t] * num_kv_heads * dim, k + t * k_stride, row_bytes);
         memcpy(v_cache + slots[t] * num_kv_heads * dim, v + t * v_stride, row_bytes);
     }
-    const int64_t tasks = num_decodes * num_kv_heads;
+    /* A task per decode (its blocks read front to back) when there are enough to share out, else a task
+     * per (decode, KV head) so that a small batch still uses every thread. */
+    const int whole = num_heads <= MAX_QUERIES && num_decodes >= 2 * (int64_t)omp_get_max_threads();
+    const int64_t per_task = whole ? num_kv_heads : 1;
+    const int64_t tasks = num_decodes * (num_kv_heads / per_task);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; t++) {
-        const int64_t i = t / num_kv_heads, h = t % num_kv_heads;
+        const int64_t i = t / (num_kv_heads / per_task), h = (t % (num_kv_heads / per_task)) * per_task;
         const int64_t s = seqs[i], r = tokens[i];
         const int64_t start = key_starts ? key_starts[s] : 0;
         attend(q + r * q_stride + h * group * dim, out + r * out_stride + h * group * dim, k_cache, v_cache,
-               block_tables + s * table_stride, start, seq_lens[s], h, group, num_kv_heads, dim, block_size,
-               scale);
+               block_tables + s * table_stride, start, seq_lens[s], h, per_task, group, num_kv_heads, dim,
+               block_size, scale);
     }
     return 0;
 }

@@ -18,7 +18,7 @@ from engine.config import ModelConfig
 from engine.kernels import PagedDecodeKernel, paged_decode
 
 BLOCK_SIZE = 4
-NUM_BLOCKS = 40
+NUM_BLOCKS = 400
 HEAD_DIM = 16
 
 
@@ -79,6 +79,8 @@ CASES = {
     "prefill_with_prefix": [(3, 10), (4, 4), (7, 12)],
     "mixed": [(1, 9), (6, 6), (1, 4), (4, 11), (1, 17)],
     "single_long_prefill": [(33, 33)],
+    # enough decodes that the native kernel gives each its own task (all KV heads), not one per head
+    "decode_many": [(1, 3 + 7 * i % 40) for i in range(24)],
 }
 
 
