@@ -12,6 +12,8 @@ on, and a per-step token budget of --max-num-batched-tokens (2048, vLLM's defaul
 serving; the engine's own default of 512 suits latency more than offline throughput).
 Throughput counts requested output tokens over wall time. The decode step time at
 batch 1/8/32 is a full engine step (schedule + forward + sample) at a context of 256 tokens.
+`decode_b1_roofline` is (weight bytes / copy bandwidth) / batch-1 step time, each round of 10 steps
+paired with a bandwidth sample taken just before it, and the median taken over 8 rounds.
 The last line printed is one JSON object.
 """
 
@@ -93,31 +95,59 @@ def run_hf(core: EngineCore, workload: list[tuple[list[int], int]], batch_size: 
     return produced / (time.perf_counter() - start)
 
 
-def decode_step_ms(core: EngineCore, batch: int, context: int = 256, steps: int = 40) -> float:
-    """Median engine step time with `batch` sequences decoding at `context` tokens of history."""
+def decode_step_times(
+    core: EngineCore, batch: int, context: int = 256, steps: int = 40, between=None
+) -> list[float]:
+    """Engine step times (s) with `batch` sequences decoding at `context` tokens of history; `between`,
+    if given, is called every `ROUND_STEPS` steps (the batch-1 roofline samples the bandwidth there)."""
     core.update_limits(max_num_seqs=batch, max_num_batched_tokens=max(batch * context, 512))
-    sp = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=steps + steps // ROUND_STEPS + 8, temperature=0, ignore_eos=True)
     for i in range(batch):
         core.add_request(EngineRequest(f"decode-{batch}-{i}", [(i + j) % 256 for j in range(context)], sp))
     core.step()  # the whole batch prefills in one step
     for _ in range(3):
         core.step()  # warm-up
     times = []
-    for _ in range(steps):
+    for i in range(steps):
+        if between is not None and i % ROUND_STEPS == 0:
+            between()
+            core.step()  # the copy evicted the weights from the caches; a real step does not start cold
         t0 = time.perf_counter()
         core.step()
         times.append(time.perf_counter() - t0)
     while core.has_unfinished_requests():
         core.step()
-    return statistics.median(times) * 1000
+    return times
 
 
-def copy_bandwidth_samples(nbytes: int = 512 * 2**20, repeats: int = 5) -> list[float]:
-    """Memory-copy bandwidth samples, counting read plus write traffic (the STREAM convention)."""
+ROUND_STEPS = 10
+
+
+def batch1_roofline(core: EngineCore, steps: int = 80) -> tuple[float, float, float]:
+    """(median step ms, median copy bandwidth B/s, roofline) at batch 1, in rounds of `ROUND_STEPS` steps,
+    each after its own bandwidth sample. The roofline is the median over rounds of (weight bytes /
+    that round's bandwidth) / (that round's median step): this host's memory bandwidth moves by tens of
+    percent from minute to minute, and a step and a bandwidth taken at different moments would compare
+    a quiet instant with a busy one."""
+    samples: list[float] = []
+    times = decode_step_times(core, 1, steps=steps, between=lambda: samples.append(copy_bandwidth()))
+    rounds = [statistics.median(times[i : i + ROUND_STEPS]) for i in range(0, steps, ROUND_STEPS)]
+    roofline = statistics.median(core.weight_bytes / bw / t for bw, t in zip(samples, rounds, strict=True))
+    return statistics.median(times) * 1000, statistics.median(samples), roofline
+
+
+def decode_step_ms(core: EngineCore, batch: int) -> float:
+    """Median engine step time (ms) with `batch` sequences decoding."""
+    return statistics.median(decode_step_times(core, batch)) * 1000
+
+
+def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 3) -> float:
+    """Memory-copy bandwidth (B/s), the median of `repeats` copies, counting read plus write traffic (the
+    STREAM convention)."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    return [2 * nbytes / _timed(lambda: dst.copy_(src)) for _ in range(repeats)]
+    return statistics.median(2 * nbytes / _timed(lambda: dst.copy_(src)) for _ in range(repeats))
 
 
 def _timed(fn) -> float:
@@ -141,16 +171,9 @@ def main() -> None:
     workload = make_workload(args.num_requests, args.seed)
 
     core = EngineCore(engine_config(args, "continuous"))
-    # The bandwidth is sampled just before and just after the batch-1 steps and both are medians:
-    # this machine's bandwidth moves by tens of percent from minute to minute (shared hosts), and a
-    # best-of-N copy against a median step would compare a quiet instant with a typical one.
-    samples = copy_bandwidth_samples()
-    decode = {1: decode_step_ms(core, 1)}
-    samples += copy_bandwidth_samples()
-    decode |= {b: decode_step_ms(core, b) for b in (8, 32)}
+    b1_ms, bandwidth, roofline = batch1_roofline(core)
+    decode = {1: b1_ms} | {b: decode_step_ms(core, b) for b in (8, 32)}
     core.update_limits(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    bandwidth = statistics.median(samples)
-    roofline_ms = core.weight_bytes / bandwidth * 1000
     mb, gbs = core.weight_bytes / 1e6, bandwidth / 1e9
     print(f"decode step ms: {decode}; weights {mb:.0f} MB; copy bandwidth {gbs:.1f} GB/s")
 
@@ -177,7 +200,7 @@ def main() -> None:
         "decode_b8_over_b1": round(decode[8] / decode[1], 2),
         "weight_bytes": core.weight_bytes,
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
-        "decode_b1_roofline": round(roofline_ms / decode[1], 3),
+        "decode_b1_roofline": round(roofline, 3),
     }
     print(json.dumps(result))
 

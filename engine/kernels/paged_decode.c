@@ -12,7 +12,8 @@
  *   cache         [2, NB, BS, Hkv, D]   K then V
  *   block_tables  [S, W]         int64, row s is sequence s's blocks
  *   seq_lens      [S]            int64, context length including this step's token
- *   key_starts    [S] or NULL    int64, positions below it are left padding (static mode), skipped
+ *   key_starts    [S] or NULL    int64, positions below it are left padding (static mode): read and masked,
+ *                                as a padded batch reads them
  *   seqs, tokens  [B]            int64, decode i is sequence seqs[i] and token row tokens[i]
  * Query heads h * G .. h * G + G - 1 share KV head h (grouped-query attention, G = H / Hkv).
  */
@@ -51,7 +52,7 @@ static inline void scale_row(float *y, float a, int64_t d) {
  * time: the scores of the block's keys, one rescale of the running sums if the block raised a maximum,
  * then the weighted values. K and V rows are read in cache order (token, then head), each once. */
 static void attend(const float *q, float *out, const float *k_cache, const float *v_cache,
-                   const int64_t *table, int64_t start, int64_t len, int64_t kv_head, int64_t kv_count,
+                   const int64_t *table, int64_t key_start, int64_t len, int64_t kv_head, int64_t kv_count,
                    int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
     const int64_t queries = kv_count * group; /* query head qi reads KV head kv_head + qi / group */
     float acc[MAX_QUERIES][MAX_DIM];
@@ -63,14 +64,16 @@ static void attend(const float *q, float *out, const float *k_cache, const float
         run_sum[qi] = 0.0f;
     }
     const int64_t row = num_kv_heads * dim; /* floats between consecutive tokens of a block */
-    for (int64_t first = start; first < len;) {
+    for (int64_t first = 0; first < len;) {
         const int64_t offset = first % block_size;
         const int64_t n = (len - first < block_size - offset) ? len - first : block_size - offset;
         const int64_t base = (table[first / block_size] * block_size + offset) * row + kv_head * dim;
         const float *k = k_cache + base, *v = v_cache + base;
         for (int64_t j = 0; j < n; j++)
-            for (int64_t qi = 0; qi < queries; qi++)
-                scores[qi][j] = dot(q + qi * dim, k + j * row + (qi / group) * dim, dim) * scale;
+            for (int64_t qi = 0; qi < queries; qi++) {
+                const float s = dot(q + qi * dim, k + j * row + (qi / group) * dim, dim) * scale;
+                scores[qi][j] = first + j < key_start ? -INFINITY : s; /* left padding: read, masked */
+            }
         for (int64_t qi = 0; qi < queries; qi++) {
             float block_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) block_max = scores[qi][j] > block_max ? scores[qi][j] : block_max;
@@ -81,7 +84,8 @@ static void attend(const float *q, float *out, const float *k_cache, const float
                 run_max[qi] = block_max;
             }
             for (int64_t j = 0; j < n; j++) {
-                scores[qi][j] = expf(scores[qi][j] - run_max[qi]);
+                /* a masked key weighs 0, also while every key so far is masked (max still -inf) */
+                scores[qi][j] = scores[qi][j] == -INFINITY ? 0.0f : expf(scores[qi][j] - run_max[qi]);
                 run_sum[qi] += scores[qi][j];
             }
         }
@@ -125,9 +129,9 @@ int paged_decode_f32(const float *q, int64_t q_stride, float *out, int64_t out_s
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t i = t / (num_kv_heads / per_task), h = (t % (num_kv_heads / per_task)) * per_task;
         const int64_t s = seqs[i], r = tokens[i];
-        const int64_t start = key_starts ? key_starts[s] : 0;
+        const int64_t key_start = key_starts ? key_starts[s] : 0;
         attend(q + r * q_stride + h * group * dim, out + r * out_stride + h * group * dim, k_cache, v_cache,
-               block_tables + s * table_stride, start, seq_lens[s], h, per_task, group, num_kv_heads, dim,
+               block_tables + s * table_stride, key_start, seq_lens[s], h, per_task, group, num_kv_heads, dim,
                block_size, scale);
     }
     return 0;
