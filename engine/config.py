@@ -103,7 +103,7 @@ def preset(name: str) -> ModelConfig:
 SchedulingMode = Literal["continuous", "static"]
 WeightDtype = Literal["auto", "fp32", "bf16", "fp16", "int8"]
 KVDtype = Literal["auto", "int8"]
-AttentionBackend = Literal["auto", "torch"]
+Kernels = Literal["auto", "torch"]
 
 
 @dataclass(slots=True)
@@ -123,11 +123,12 @@ class EngineConfig:
         default="auto",
         metadata={"help": "KV cache: auto (the model dtype) or int8 per token and head (~2x the tokens)"},
     )
-    attention_backend: AttentionBackend = field(
+    kernels: Kernels = field(
         default="auto",
         metadata={
-            "help": "auto: decode attention through a native kernel that reads a float32 CPU cache in place "
-            "(built on first use with the C compiler, else torch); torch: gather + SDPA everywhere"
+            "help": "auto: native CPU kernels for float32 on the CPU (decode attention read in place from "
+            "the paged cache; fused residual+RMSNorm, rotary, SiLU*up), built on first use with the C "
+            "compiler, else torch; torch: torch ops everywhere"
         },
     )
     weight_packing: bool = field(
@@ -182,7 +183,7 @@ class EngineConfig:
         for name, kind in (
             ("weight_dtype", WeightDtype),
             ("kv_dtype", KVDtype),
-            ("attention_backend", AttentionBackend),
+            ("kernels", Kernels),
         ):
             value, choices = getattr(self, name), typing.get_args(kind)
             if value not in choices:

@@ -89,7 +89,7 @@ class EngineCore:
             self.device,
             self.dtype,
             kv_int8,
-            native_decode=config.attention_backend == "auto",
+            native=config.kernels == "auto",
         )
         eos = self.model_config.eos_token_id
         self.scheduler = Scheduler(config, self.kv, self.model_config.max_model_len, eos)

@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.config import ModelConfig
+from engine.kernels import FusedOps
 
 # Random-weight init (presets). Linear weights use INIT_STD; the embedding and the LM head use a
 # larger std so that a token's own embedding does not drown the attention and MLP contributions
@@ -104,6 +105,25 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
         return self.o_proj(out.reshape(tokens, self.q_size))
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        ops: FusedOps,
+    ) -> torch.Tensor:
+        """`forward` with q and k rotated in place by one native call (float32 CPU)."""
+        tokens, qk_size = x.shape[0], self.q_size + self.kv_size
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) Dh]
+        ops.rotary_(qkv, self.num_heads + self.num_kv_heads, self.head_dim, rotary.cos, rotary.sin, positions)
+        q = qkv[:, : self.q_size].view(tokens, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : qk_size].view(tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
 
 class MLP(nn.Module):
     """SwiGLU feed-forward with a fused gate/up projection: down(silu(gate(x)) * up(x))."""
@@ -161,6 +181,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        # Native float32 CPU ops between the matmuls (engine/kernels), set by the model runner; None: torch.
+        self.fused: FusedOps | None = None
         self.model = LlamaModel(cfg)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_model_len, cfg.rope_theta)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -179,15 +201,42 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """input_ids, positions [T] long -> hidden [T, D]. Writes each new token's K/V into `kv_caches`."""
+        if self.fused is not None:
+            return self._forward_fused(input_ids, positions, kv_caches, meta, self.fused)
         x = self.model.embed_tokens(input_ids)  # [T, D]
         cos, sin = self.rotary(positions)  # [T, 1, Dh] each
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.model.norm(x)
 
+    def _forward_fused(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+        ops: FusedOps,
+    ) -> torch.Tensor:
+        """`forward` with the residual stream kept in one tensor and updated in place: each residual add
+        is fused with the norm after it (the next layer's input norm, or the final one)."""
+        layers = self.model.layers
+        x = self.model.embed_tokens(input_ids)  # [T, D], a fresh tensor: the residual stream
+        h = ops.add_rms_norm(x, None, *_norm_args(layers[0].input_layernorm))
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        for layer, next_norm, kv_cache in zip(layers, next_norms, kv_caches, strict=True):
+            attn = layer.self_attn.forward_fused(h, positions, self.rotary, kv_cache, meta, ops)
+            h = ops.add_rms_norm(x, attn, *_norm_args(layer.post_attention_layernorm))
+            mlp = layer.mlp.down_proj(ops.silu_mul(layer.mlp.gate_up_proj(h)))
+            h = ops.add_rms_norm(x, mlp, *_norm_args(next_norm))
+        return h
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, D] -> logits [N, V] float32."""
         return self.lm_head(hidden).float()
+
+
+def _norm_args(norm: RMSNorm) -> tuple[torch.Tensor, float]:
+    return norm.weight, norm.eps
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype) -> LlamaForCausalLM:

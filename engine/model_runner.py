@@ -23,7 +23,7 @@ from engine.attention import (
     concat_kv_blocks,
 )
 from engine.config import ModelConfig
-from engine.kernels import PagedDecodeKernel, paged_decode
+from engine.kernels import PagedDecodeKernel, fused_ops, paged_decode
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
@@ -47,7 +47,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         kv_int8: bool = False,
-        native_decode: bool = False,
+        native: bool = False,
     ) -> None:
         self.model = model
         self.model_config = model_config
@@ -57,13 +57,14 @@ class ModelRunner:
         self.kv_int8 = kv_int8  # int8 K/V with per-token scales (engine/quant.py), read back in `dtype`
         self.kv_caches = self._allocate(num_blocks)
         self.workspace = Workspace()  # gathered K/V, reused by every layer and step
-        # Decodes read a float32 CPU cache in place (engine/kernels) where the kernel builds here.
-        native = native_decode and device.type == "cpu" and dtype == torch.float32 and not kv_int8
+        # Native CPU kernels (engine/kernels) for float32 on the CPU, where the library builds here: the small
+        # ops between matmuls fused, and decodes reading the cache in place (a float32 cache, a layout the
+        # kernel takes).
+        cpu_fp32 = native and device.type == "cpu" and dtype == torch.float32
         cfg = model_config
-        native = native and PagedDecodeKernel.supports(
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size
-        )
-        self.decode_kernel = paged_decode() if native else None
+        takes = PagedDecodeKernel.supports(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
+        self.decode_kernel = paged_decode() if cpu_fp32 and takes and not kv_int8 else None
+        model.fused = fused_ops() if cpu_fp32 else None
 
     @property
     def num_allocated_blocks(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import allocate_kv_cache, make_attention_metadata
+from engine.kernels import PagedDecodeKernel
 from engine.model import LlamaForCausalLM
 
 
@@ -16,9 +17,15 @@ class SingleSequence:
     """One sequence's KV cache and block table; `feed(ids)` runs the new ids and returns their logits."""
 
     def __init__(
-        self, model: LlamaForCausalLM, max_len: int, block_size: int = 16, kv_int8: bool = False
+        self,
+        model: LlamaForCausalLM,
+        max_len: int,
+        block_size: int = 16,
+        kv_int8: bool = False,
+        decode_kernel: PagedDecodeKernel | None = None,
     ) -> None:
         param = next(model.parameters())
+        self.decode_kernel = decode_kernel  # decodes through the native kernel (float32 CPU caches)
         self.model, self.block_size, self.device = model, block_size, param.device
         num_blocks = -(-max_len // block_size)
         self.block_table = list(range(num_blocks))
@@ -32,6 +39,7 @@ class SingleSequence:
         """Append `ids` (a prefill chunk or one decode token) -> logits [len(ids), V] float32."""
         start, end = self.num_tokens, self.num_tokens + len(ids)
         meta = make_attention_metadata([len(ids)], [end], [self.block_table], self.block_size, self.device)
+        meta.decode_kernel = self.decode_kernel
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, end, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, D]
@@ -45,9 +53,10 @@ def greedy_generate(
     max_new_tokens: int,
     block_size: int = 16,
     kv_int8: bool = False,
+    decode_kernel: PagedDecodeKernel | None = None,
 ) -> list[int]:
     """Greedy continuation of one prompt: prefill in one step, then one decode step per token."""
-    seq = SingleSequence(model, len(prompt_ids) + max_new_tokens, block_size, kv_int8)
+    seq = SingleSequence(model, len(prompt_ids) + max_new_tokens, block_size, kv_int8, decode_kernel)
     logits = seq.feed(prompt_ids)
     out: list[int] = []
     for _ in range(max_new_tokens):

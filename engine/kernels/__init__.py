@@ -1,15 +1,17 @@
 """Native CPU kernels, compiled on first use with the system C compiler and called through ctypes.
 
-One kernel so far, `paged_decode.c`: decode attention read in place from a float32 paged KV cache.
-The torch path (engine/attention.py) copies each decode's context out of its blocks into a padded
-buffer and then runs SDPA over it; that copy was about a fifth of a batch-32 step on the `small` preset.
+- `paged_decode.c`: decode attention read in place from a float32 paged KV cache. The torch path
+  (engine/attention.py) copies each decode's context out of its blocks into a padded buffer and then runs
+  SDPA over it; that copy was about a fifth of a batch-32 step on the `small` preset.
+- `fused_ops.c`: the small ops between a layer's matmuls (residual add + RMSNorm, rotary, SiLU * up), one
+  call each instead of several torch ops, which at batch 1 cost more than the arithmetic.
 
-The shared library is built once per source, compiler flags and CPU (`-march=native`) into
+Both sources build into one shared library, once per source, compiler flags and CPU (`-march=native`), in
 `$STEPSCOPE_KERNEL_DIR` (default `~/.cache/stepscope/kernels`), by an atomic rename, so concurrent
 processes never load a half-written file. `-fopenmp` makes it use the OpenMP runtime torch has already
 loaded (the same `libgomp.so.1` soname), so its threads are torch's threads and `torch.set_num_threads`
-applies. Without a compiler, or if the build fails, `paged_decode()` returns None once with a warning and
-the engine stays on the torch path.
+applies. Without a compiler, or if the build fails, `paged_decode()` and `fused_ops()` return None (one
+warning) and the engine stays on torch ops.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.c", "fused_ops.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
 BUILD_TIMEOUT_S = 120
 
-_loaded: dict[str, PagedDecodeKernel | None] = {}
+_loaded: dict[str, ctypes.CDLL | None] = {}
 
 
 # The kernel's fixed scratch (paged_decode.c): query heads per KV head, head dim, tokens per block.
@@ -121,15 +123,87 @@ class PagedDecodeKernel:
             )
 
 
-def paged_decode() -> PagedDecodeKernel | None:
-    """The compiled kernel, or None (logged once) where it cannot be built here."""
-    if "paged_decode" not in _loaded:
+def library() -> ctypes.CDLL | None:
+    """The compiled library, built on first use; None (logged once) where it cannot be built here."""
+    if "library" not in _loaded:
         try:
-            _loaded["paged_decode"] = PagedDecodeKernel(ctypes.CDLL(str(_build(SOURCE))))
+            _loaded["library"] = ctypes.CDLL(str(_build(SOURCES)))
         except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            log.warning("native paged-decode kernel unavailable, using the torch path: %s", exc)
-            _loaded["paged_decode"] = None
-    return _loaded["paged_decode"]
+            log.warning("native CPU kernels unavailable, using torch ops: %s", exc)
+            _loaded["library"] = None
+    return _loaded["library"]
+
+
+def paged_decode() -> PagedDecodeKernel | None:
+    """The decode-attention kernel, or None where the library cannot be built here."""
+    lib = library()
+    return None if lib is None else PagedDecodeKernel(lib)
+
+
+def fused_ops() -> FusedOps | None:
+    """The fused small ops, or None where the library cannot be built here."""
+    lib = library()
+    return None if lib is None else FusedOps(lib)
+
+
+class FusedOps:
+    """`fused_ops.c`: float32, contiguous CPU tensors (the caller's contract; checked only by shape)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        self._add_rms_norm = library.add_rms_norm_f32
+        self._add_rms_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, f32]
+        self._add_rms_norm.restype = None
+        self._silu_mul = library.silu_mul_f32
+        self._silu_mul.argtypes = [ptr, ptr, i64, i64]
+        self._silu_mul.restype = None
+        self._rotary = library.rotary_f32
+        self._rotary.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
+        self._rotary.restype = None
+
+    def add_rms_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += delta (in place, when given); returns rms_norm(residual) * weight. [rows, dim]."""
+        rows, dim = residual.shape
+        assert residual.is_contiguous() and (delta is None or delta.shape == residual.shape)
+        if delta is not None and not delta.is_contiguous():
+            delta = delta.contiguous()
+        out = torch.empty_like(residual)
+        delta_ptr = None if delta is None else delta.data_ptr()
+        self._add_rms_norm(residual.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [rows, 2 I] -> silu(gate) * up [rows, I]."""
+        rows, width = gate_up.shape
+        assert gate_up.is_contiguous()
+        out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        return out
+
+    def rotary_(
+        self,
+        x: torch.Tensor,
+        heads: int,
+        head_dim: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """Rotate the first `heads` heads of each row of x [rows, >= heads * head_dim] in place, at
+        `positions` [rows] int64 of the cos/sin tables [max_positions, head_dim]."""
+        assert x.stride(1) == 1 and positions.dtype == torch.int64 and positions.is_contiguous()
+        self._rotary(
+            x.data_ptr(),
+            x.shape[0],
+            x.stride(0),
+            heads,
+            head_dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+        )
 
 
 def kernel_dir() -> Path:
@@ -137,15 +211,16 @@ def kernel_dir() -> Path:
     return Path(os.environ.get("STEPSCOPE_KERNEL_DIR", default))
 
 
-def _build(source: Path) -> Path:
-    """Compile `source` into a shared library (once per source, flags, compiler and CPU); its path."""
+def _build(sources: list[Path]) -> Path:
+    """Compile `sources` into one shared library (once per sources, flags, compiler and CPU); its path."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_fingerprint()):
+    for part in [src.read_bytes() for src in sources] + [" ".join(FLAGS).encode(), compiler.encode()]:
         key.update(part)
-    target = kernel_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    key.update(_cpu_fingerprint())
+    target = kernel_dir() / f"stepscope-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +228,7 @@ def _build(source: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(source), "-lm"],
+            [compiler, *FLAGS, "-o", tmp, *map(str, sources), "-lm"],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

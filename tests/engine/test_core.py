@@ -51,8 +51,8 @@ def test_torch_attention_gives_the_native_kernels_greedy_outputs(alone_outputs):
     SDPA must agree token for token, continuous and static (left-padded) alike."""
     ps, alone = alone_outputs
     for cfg in (
-        config(attention_backend="torch", max_num_seqs=8),
-        config(attention_backend="torch", scheduling="static"),
+        config(kernels="torch", max_num_seqs=8),
+        config(kernels="torch", scheduling="static"),
     ):
         assert [g.token_ids for g in LLM(cfg).generate(ps, GREEDY)] == alone, cfg.scheduling
 

@@ -27,10 +27,10 @@ def fresh_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path):
 def test_the_library_is_built_once_into_the_kernel_dir(fresh_kernels) -> None:
     if kernels.paged_decode() is None:
         pytest.skip("no C compiler on this machine")
-    built = list(fresh_kernels.glob("paged_decode-*.so"))
+    built = list(fresh_kernels.glob("stepscope-kernels-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    assert kernels._build(kernels.SOURCE) == built[0]  # a second process finds it
+    assert kernels._build(kernels.SOURCES) == built[0]  # a second process finds it
     assert built[0].stat().st_mtime_ns == stamp
     assert not list(fresh_kernels.glob("*.tmp")), "no half-written file is left behind"
 
@@ -42,8 +42,8 @@ def test_without_a_compiler_the_engine_serves_on_the_torch_path(
     with caplog.at_level(logging.WARNING, logger="engine.kernels"):
         llm = LLM(EngineConfig(model="tiny", num_threads=1))
     assert llm.core.runner.decode_kernel is None
-    assert "using the torch path" in caplog.text
-    reference = LLM(EngineConfig(model="tiny", num_threads=1, attention_backend="torch"))
+    assert "using torch ops" in caplog.text
+    reference = LLM(EngineConfig(model="tiny", num_threads=1, kernels="torch"))
     prompt = [[5, 9, 2, 7, 1, 3]]
     assert llm.generate(prompt, GREEDY)[0].token_ids == reference.generate(prompt, GREEDY)[0].token_ids
 
@@ -69,6 +69,6 @@ def test_the_model_runner_picks_the_kernel_only_where_it_applies() -> None:
     if kernels.paged_decode() is None:
         pytest.skip("no C compiler on this machine")
     assert LLM(EngineConfig(model="tiny", num_threads=1)).core.runner.decode_kernel is not None
-    for off in ({"attention_backend": "torch"}, {"kv_dtype": "int8"}, {"dtype": "bf16"}):
+    for off in ({"kernels": "torch"}, {"kv_dtype": "int8"}, {"dtype": "bf16"}):
         llm = LLM(EngineConfig(model="tiny", num_threads=1, **off))
         assert llm.core.runner.decode_kernel is None, off

@@ -10,6 +10,7 @@ from transformers import LlamaConfig, Qwen2Config
 from transformers import LlamaForCausalLM as HFLlama
 from transformers import Qwen2ForCausalLM as HFQwen2
 
+from engine import kernels
 from engine.attention import allocate_kv_cache, make_attention_metadata
 from engine.config import ModelConfig, preset
 from engine.loader import hf_config_dict, hf_state_dict
@@ -45,9 +46,25 @@ QWEN_STYLE = dataclasses.replace(
 )
 
 
-@pytest.mark.parametrize("cfg", [preset("tiny"), QWEN_STYLE], ids=["llama", "qwen2"])
-def test_prefill_logits_match_transformers(cfg: ModelConfig) -> None:
+@pytest.fixture(params=["torch", "native"])
+def ops(request: pytest.FixtureRequest) -> str:
+    """Torch ops throughout, or the native CPU kernels (fused small ops, in-place decode attention)."""
+    if request.param == "native" and kernels.library() is None:
+        pytest.skip("the native kernels need a C compiler, and none is on this machine")
+    return request.param
+
+
+def native_model(cfg: ModelConfig, ops: str) -> tuple[torch.nn.Module, kernels.PagedDecodeKernel | None]:
     model = build_model(cfg, "cpu", torch.float32)
+    if ops == "torch":
+        return model, None
+    model.fused = kernels.fused_ops()
+    return model, kernels.paged_decode()
+
+
+@pytest.mark.parametrize("cfg", [preset("tiny"), QWEN_STYLE], ids=["llama", "qwen2"])
+def test_prefill_logits_match_transformers(cfg: ModelConfig, ops: str) -> None:
+    model, _ = native_model(cfg, ops)
     ours = SingleSequence(model, max_len=64).feed(PROMPT)
     with torch.no_grad():
         theirs = to_transformers(model)(torch.tensor([PROMPT])).logits[0]
@@ -63,9 +80,9 @@ def test_chunked_prefill_over_a_cached_prefix_matches_one_shot_prefill() -> None
 
 
 @pytest.mark.parametrize("cfg", [preset("tiny"), QWEN_STYLE], ids=["llama", "qwen2"])
-def test_greedy_decoding_matches_transformers(cfg: ModelConfig) -> None:
-    model = build_model(cfg, "cpu", torch.float32)
-    ours = greedy_generate(model, PROMPT, 20, block_size=4)
+def test_greedy_decoding_matches_transformers(cfg: ModelConfig, ops: str) -> None:
+    model, decode_kernel = native_model(cfg, ops)
+    ours = greedy_generate(model, PROMPT, 20, block_size=4, decode_kernel=decode_kernel)
     assert ours == hf_greedy(to_transformers(model), PROMPT, 20)
 
 
