@@ -116,6 +116,8 @@ class PagedDecodeKernel:
             slot_mapping.data_ptr(),
             slot_mapping.shape[0],
         )
+        if status == -2:
+            raise MemoryError("paged_decode kernel: no memory for its span scratch")
         if status != 0:
             raise ValueError(
                 f"paged_decode kernel cannot take heads={num_heads} kv_heads={num_kv_heads} "

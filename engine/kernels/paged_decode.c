@@ -20,6 +20,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 16
@@ -48,25 +49,25 @@ static inline void scale_row(float *y, float a, int64_t d) {
     for (int64_t i = 0; i < d; i++) y[i] *= a;
 }
 
-/* One decode's query heads of KV heads kv_head .. kv_head + kv_count - 1 over its context, a block at a
- * time: the scores of the block's keys, one rescale of the running sums if the block raised a maximum,
- * then the weighted values. K and V rows are read in cache order (token, then head), each once. */
-static void attend(const float *q, float *out, const float *k_cache, const float *v_cache,
-                   const int64_t *table, int64_t key_start, int64_t len, int64_t kv_head, int64_t kv_count,
-                   int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
+/* One decode's query heads of KV heads kv_head .. kv_head + kv_count - 1 over context positions
+ * [begin, end), a block at a time: the scores of the block's keys, one rescale of the running sums if the
+ * block raised a maximum, then the weighted values. K and V rows are read in cache order (token, then
+ * head), each once. Leaves the unnormalised sums: acc [queries, dim], run_max and run_sum [queries]. */
+static void attend_span(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+                        int64_t key_start, int64_t begin, int64_t end, int64_t kv_head, int64_t kv_count,
+                        int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                        float *acc, float *run_max, float *run_sum) {
     const int64_t queries = kv_count * group; /* query head qi reads KV head kv_head + qi / group */
-    float acc[MAX_QUERIES][MAX_DIM];
     float scores[MAX_QUERIES][MAX_BLOCK];
-    float run_max[MAX_QUERIES], run_sum[MAX_QUERIES];
     for (int64_t qi = 0; qi < queries; qi++) {
-        memset(acc[qi], 0, (size_t)dim * sizeof(float));
+        memset(acc + qi * dim, 0, (size_t)dim * sizeof(float));
         run_max[qi] = -INFINITY;
         run_sum[qi] = 0.0f;
     }
     const int64_t row = num_kv_heads * dim; /* floats between consecutive tokens of a block */
-    for (int64_t first = 0; first < len;) {
+    for (int64_t first = begin; first < end;) {
         const int64_t offset = first % block_size;
-        const int64_t n = (len - first < block_size - offset) ? len - first : block_size - offset;
+        const int64_t n = (end - first < block_size - offset) ? end - first : block_size - offset;
         const int64_t base = (table[first / block_size] * block_size + offset) * row + kv_head * dim;
         const float *k = k_cache + base, *v = v_cache + base;
         for (int64_t j = 0; j < n; j++)
@@ -80,7 +81,7 @@ static void attend(const float *q, float *out, const float *k_cache, const float
             if (block_max > run_max[qi]) {
                 const float shrink = expf(run_max[qi] - block_max); /* 0 before the first block */
                 run_sum[qi] *= shrink;
-                scale_row(acc[qi], shrink, dim);
+                scale_row(acc + qi * dim, shrink, dim);
                 run_max[qi] = block_max;
             }
             for (int64_t j = 0; j < n; j++) {
@@ -91,18 +92,39 @@ static void attend(const float *q, float *out, const float *k_cache, const float
         }
         for (int64_t j = 0; j < n; j++)
             for (int64_t qi = 0; qi < queries; qi++)
-                axpy(acc[qi], scores[qi][j], v + j * row + (qi / group) * dim, dim);
+                axpy(acc + qi * dim, scores[qi][j], v + j * row + (qi / group) * dim, dim);
         first += n;
     }
+}
+
+/* out [queries, dim] = the weighted sum of `parts` partial spans (each acc, run_max, run_sum as
+ * attend_span leaves them, `stride` floats apart), rescaled to their common maximum. */
+static void merge_spans(const float *parts, int64_t num_parts, int64_t stride, int64_t queries, int64_t dim,
+                        float *out) {
     for (int64_t qi = 0; qi < queries; qi++) {
-        const float inv = run_sum[qi] > 0.0f ? 1.0f / run_sum[qi] : 0.0f;
-        for (int64_t i = 0; i < dim; i++) out[qi * dim + i] = acc[qi][i] * inv;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < num_parts; c++) {
+            const float m = parts[c * stride + queries * dim + qi];
+            top = m > top ? m : top;
+        }
+        float total = 0.0f;
+        float *y = out + qi * dim;
+        memset(y, 0, (size_t)dim * sizeof(float));
+        for (int64_t c = 0; c < num_parts; c++) {
+            const float *part = parts + c * stride;
+            const float m = part[queries * dim + qi];
+            if (m == -INFINITY) continue; /* an empty or fully masked span */
+            const float w = expf(m - top);
+            total += part[queries * dim + queries + qi] * w;
+            axpy(y, w, part + qi * dim, dim);
+        }
+        scale_row(y, total > 0.0f ? 1.0f / total : 0.0f, dim);
     }
 }
 
 /* Writes the step's new K/V (token t's rows k + t * k_stride, v + t * v_stride, [Hkv, D] each) into their
- * slots, then attends the decodes. Returns 0, or -1, before touching anything, when the head layout is
- * beyond the kernel's fixed scratch. */
+ * slots, then attends the decodes. Returns 0; -1, before touching anything, when the head layout is
+ * beyond the kernel's fixed scratch; -2 when the span scratch cannot be allocated. */
 int paged_decode_f32(const float *q, int64_t q_stride, float *out, int64_t out_stride, float *cache,
                      int64_t num_blocks, int64_t block_size, int64_t num_kv_heads, int64_t dim,
                      int64_t num_heads, const int64_t *block_tables, int64_t table_stride,
@@ -120,19 +142,47 @@ int paged_decode_f32(const float *q, int64_t q_stride, float *out, int64_t out_s
         memcpy(k_cache + slots[t] * num_kv_heads * dim, k + t * k_stride, row_bytes);
         memcpy(v_cache + slots[t] * num_kv_heads * dim, v + t * v_stride, row_bytes);
     }
-    /* A task per decode (its blocks read front to back) when there are enough to share out, else a task
-     * per (decode, KV head) so that a small batch still uses every thread. */
-    const int whole = num_heads <= MAX_QUERIES && num_decodes >= 2 * (int64_t)omp_get_max_threads();
-    const int64_t per_task = whole ? num_kv_heads : 1;
+    /* With a query-head count the scratch takes, every task covers all of a decode's KV heads, reading its
+     * blocks front to back. With too few decodes to keep every thread busy, each decode's context is
+     * also split into spans of whole blocks, one task each, merged after (flash-decoding): batch 1 still
+     * uses every thread and reads each block in order. Otherwise, a task per (decode, KV head). */
+    if (num_decodes == 0) return 0;
+    const int64_t threads = omp_get_max_threads();
+    const int64_t queries = num_heads;
+    if (num_heads <= MAX_QUERIES && num_decodes < 2 * threads) {
+        const int64_t spans = (2 * threads + num_decodes - 1) / num_decodes;
+        const int64_t stride = queries * (dim + 2); /* one span's acc, run_max and run_sum */
+        float *parts = malloc((size_t)(num_decodes * spans * stride) * sizeof(float));
+        if (!parts) return -2;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t t = 0; t < num_decodes * spans; t++) {
+            const int64_t i = t / spans, c = t % spans, s = seqs[i];
+            const int64_t blocks = (seq_lens[s] + block_size - 1) / block_size;
+            const int64_t begin = blocks * c / spans * block_size;
+            int64_t end = blocks * (c + 1) / spans * block_size;
+            end = end < seq_lens[s] ? end : seq_lens[s];
+            float *part = parts + t * stride;
+            attend_span(q + tokens[i] * q_stride, k_cache, v_cache, block_tables + s * table_stride,
+                        key_starts ? key_starts[s] : 0, begin, end, 0, num_kv_heads, group, num_kv_heads, dim,
+                        block_size, scale, part, part + queries * dim, part + queries * dim + queries);
+        }
+        for (int64_t i = 0; i < num_decodes; i++)
+            merge_spans(parts + i * spans * stride, spans, stride, queries, dim, out + tokens[i] * out_stride);
+        free(parts);
+        return 0;
+    }
+    const int64_t per_task = num_heads <= MAX_QUERIES ? num_kv_heads : 1;
     const int64_t tasks = num_decodes * (num_kv_heads / per_task);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t i = t / (num_kv_heads / per_task), h = (t % (num_kv_heads / per_task)) * per_task;
-        const int64_t s = seqs[i], r = tokens[i];
-        const int64_t key_start = key_starts ? key_starts[s] : 0;
-        attend(q + r * q_stride + h * group * dim, out + r * out_stride + h * group * dim, k_cache, v_cache,
-               block_tables + s * table_stride, key_start, seq_lens[s], h, per_task, group, num_kv_heads, dim,
-               block_size, scale);
+        const int64_t s = seqs[i];
+        float part[MAX_QUERIES * (MAX_DIM + 2)];
+        const int64_t queries_here = per_task * group;
+        attend_span(q + tokens[i] * q_stride + h * group * dim, k_cache, v_cache, block_tables + s * table_stride,
+                    key_starts ? key_starts[s] : 0, 0, seq_lens[s], h, per_task, group, num_kv_heads, dim,
+                    block_size, scale, part, part + queries_here * dim, part + queries_here * dim + queries_here);
+        merge_spans(part, 1, 0, queries_here, dim, out + tokens[i] * out_stride + h * group * dim);
     }
     return 0;
 }

@@ -84,7 +84,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
+@pytest.mark.parametrize(
+    "heads",
+    [(4, 4), (4, 2), (8, 1), (80, 8)],
+    ids=["mha", "gqa2", "mqa", "wide"],  # wide: more query heads than the kernel attends in one task
+)
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_attention_equals_dense_reference(
     case: str, heads: tuple[int, int], decode_kernel: PagedDecodeKernel | None
