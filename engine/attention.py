@@ -221,7 +221,9 @@ def _kernel_decodes(
     """The native kernel writes this step's K/V and attends every decode: [T, H, Dh], the decodes' rows
     filled (the others are the caller's to fill)."""
     assert meta.decode_kernel is not None
-    if meta.decode_index is None:
+    if meta.decode_index is None:  # the step's first layer
+        indices = (meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.key_starts)
+        meta.decode_kernel.check(q, k, v, kv_cache, indices)
         starts = _starts(meta.query_lens)
         seqs = [b for b, qlen in enumerate(meta.query_lens) if qlen == 1]
         as_long = dict(dtype=torch.long, device=q.device)

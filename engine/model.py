@@ -100,10 +100,8 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) Dh]
         # q and k rotate in one pass: half the small ops, which add up at batch 1
         qk = apply_rotary(qkv[:, :qk_size].view(tokens, -1, self.head_dim), cos, sin)  # [T, H + Hkv, Dh]
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, Dh], [T, Hkv, Dh]
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self._attend(qk, v, kv_cache, meta)
 
     def forward_fused(
         self,
@@ -118,11 +116,17 @@ class Attention(nn.Module):
         tokens, qk_size = x.shape[0], self.q_size + self.kv_size
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) Dh]
         ops.rotary_(qkv, self.num_heads + self.num_kv_heads, self.head_dim, rotary.cos, rotary.sin, positions)
-        q = qkv[:, : self.q_size].view(tokens, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : qk_size].view(tokens, self.num_kv_heads, self.head_dim)
-        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)
+        qk = qkv[:, :qk_size].view(tokens, -1, self.head_dim)  # [T, H + Hkv, Dh], rotated
+        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
+        return self._attend(qk, v, kv_cache, meta)
+
+    def _attend(
+        self, qk: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Rotated q and k [T, H + Hkv, Dh], v [T, Hkv, Dh] -> the attention block's output [T, D]."""
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, Dh], [T, Hkv, Dh]
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self.o_proj(out.reshape(qk.shape[0], self.q_size))
 
 
 class MLP(nn.Module):

@@ -200,7 +200,7 @@ def quantize_model(model: nn.Module) -> dict[str, Int8Linear]:
         if isinstance(module, nn.Linear) and id(module.weight) not in shared:
             swapped[name] = Int8Linear.from_linear(module)
             swapped[name].packed()  # at load time rather than in the first decode step
-            _set_submodule(model, name, swapped[name])
+            set_submodule(model, name, swapped[name])
     return swapped
 
 
@@ -211,14 +211,14 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype) -> dict[str, Int8Line
     """
     taken = {name: m for name, m in model.named_modules() if isinstance(m, Int8Linear)}
     for name, module in taken.items():
-        _set_submodule(model, name, module.to_linear(dtype))
+        set_submodule(model, name, module.to_linear(dtype))
     return taken
 
 
 def restore_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
     """Put modules back at their names (undoes `dequantize_model`)."""
     for name, module in modules.items():
-        _set_submodule(model, name, module)
+        set_submodule(model, name, module)
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -253,7 +253,8 @@ def _shared_weight_ids(model: nn.Module) -> set[int]:
     return {pid for pid, n in counts.items() if n > 1}
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put `module` at dotted `name` in `model` (swapping Linears for int8 or packed ones)."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)

@@ -61,6 +61,25 @@ class PagedDecodeKernel:
         fn.restype = ctypes.c_int
         self._fn = fn
 
+    @staticmethod
+    def check(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        index_tensors: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        """Raise ValueError unless the tensors have the layouts the kernel reads through raw pointers. The
+        layouts are the same in every layer of a step, so callers check once per step, not per call."""
+        head_dim = kv_cache.shape[-1]
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != head_dim:
+                raise ValueError(f"{name} must be float32 [T, heads, Dh] with contiguous heads")
+        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
+            raise ValueError("kv_cache must be a contiguous float32 tensor")
+        if any(t is not None and (t.dtype != torch.int64 or not t.is_contiguous()) for t in index_tensors):
+            raise ValueError("index tensors must be contiguous int64")
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -78,18 +97,10 @@ class PagedDecodeKernel:
     ) -> None:
         """Write k, v [T, Hkv, Dh] to their `slot_mapping` slots of kv_cache [2, NB, BS, Hkv, Dh], then
         attend decode i (sequence `seqs[i]`, token row `tokens[i]` of q [T, H, Dh]) into the same row of
-        `out`; all float32. Raises ValueError, having changed nothing, on a layout it cannot take."""
+        `out` (contiguous, like q); all float32, layouts as `check` wants them. Raises ValueError, having
+        changed nothing, on a head layout beyond the kernel's scratch (`supports`)."""
         _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
         num_heads = q.shape[1]
-        for name, t in (("q", q), ("out", out), ("k", k), ("v", v)):
-            if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != head_dim:
-                raise ValueError(f"{name} must be float32 [T, heads, Dh] with contiguous heads")
-        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
-            raise ValueError("kv_cache must be a contiguous float32 tensor")
-        ints = (block_tables, seq_lens, seqs, tokens, slot_mapping)
-        ints += (key_starts,) if key_starts is not None else ()
-        if any(t.dtype != torch.int64 or not t.is_contiguous() for t in ints):
-            raise ValueError("index tensors must be contiguous int64")
         status = self._fn(
             q.data_ptr(),
             q.stride(0),

@@ -2,9 +2,10 @@
  *
  * At batch 1 a `small` step is 33 matmuls streaming the weights plus about 200 small torch ops, and the
  * small ops cost more than their arithmetic: torch's rms_norm took 13 us on its own and about 80 us right
- * after a matmul (measured here, 2 threads). These do the same math in one call each, and between two
- * matmuls a layer makes four: rotary on q and k (inside the attention call), residual add + RMSNorm twice,
- * SiLU(gate) * up. Rows are split over torch's OpenMP threads only when there are enough of them.
+ * after a matmul (measured here, 2 threads). These do the same math in one call each: with the attention
+ * call (paged_decode.c), a layer makes five native calls between its matmuls: rotary on q and k, attention,
+ * residual add + RMSNorm (twice), SiLU(gate) * up. Rows are split over torch's OpenMP threads only when
+ * there are enough of them.
  */
 #include <math.h>
 #include <stdint.h>

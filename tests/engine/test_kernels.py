@@ -63,6 +63,10 @@ def test_a_layout_beyond_the_kernel_is_refused_and_nothing_is_written() -> None:
             q, k, v, meta.slot_mapping, out, cache, meta.block_tables, meta.seq_lens, None, seqs, tokens, 0.25
         )
     assert not cache.any()
+    with pytest.raises(ValueError, match="q must be float32"):
+        kernel.check(q.bfloat16(), k, v, cache, (meta.slot_mapping, meta.block_tables))
+    with pytest.raises(ValueError, match="index tensors"):
+        kernel.check(q, k, v, cache, (meta.slot_mapping.int(),))
 
 
 def test_the_model_runner_picks_the_kernel_only_where_it_applies() -> None:
