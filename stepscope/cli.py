@@ -22,8 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "query": ("diagnosis.query_cli", "named post-incident queries (slowest, compare, waterfall, ...)"),
     "alerts": ("alerting.cli", "SLO and P99 alert rules: check, list, history, run"),
     "dashboard": ("dashboard.cli", "Streamlit dashboard over the collector's query API"),
-    "scenario": ("diagnosis.scenario_cli", "run a fault scenario: engine, collector, load, truth.json"),
-    "eval": ("diagnosis.eval", "run every fault scenario, diagnose each, print the scoreboard"),
+    "scenario": ("scenarios.cli", "run a fault scenario: engine, collector, load, truth.json"),
+    "eval": ("scenarios.eval", "run every fault scenario, diagnose each, print the scoreboard"),
 }
 
 

@@ -10,7 +10,7 @@
    with the findings it carries, and after the load the diagnosis with its evidence and lever;
 5. with the dashboard, keeps the collector and the dashboard up until Ctrl-C.
 
-Processes, the load and the fault are the scenario runner's (`diagnosis.scenario`, docs/faults.md); each
+Processes, the load and the fault are the scenario runner's (`scenarios.runner`, docs/faults.md); each
 child runs in its own session with its log in the demo directory, and Ctrl-C (or SIGTERM) stops them all.
 """
 
@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """The DemoConfig the flags describe; UsageError on bad input."""
-    from diagnosis.scenario import parse_fault
+    from scenarios.faults import parse_fault
 
     try:
         fault, value = parse_fault(args.fault)
@@ -186,7 +186,7 @@ class Demo:
     """The processes, the load, the alert and the diagnosis of one demo run."""
 
     def __init__(self, cfg: DemoConfig) -> None:
-        from diagnosis.scenario import ScenarioConfig
+        from scenarios.config import ScenarioConfig
 
         self.cfg = cfg
         self.scenario = ScenarioConfig(
@@ -217,7 +217,7 @@ class Demo:
         done = run["summary"]
         say(f"\n[4/5] load done: {done['completed']} of {done['issued']} requests completed; flushing spans")
         self.procs[1].stop()  # the engine: its exporters flush on the way out
-        from diagnosis.scenario_procs import wait_flushed
+        from scenarios.procs import wait_flushed
 
         stored = wait_flushed(self.collector_url)
         say(f"  {stored} requests stored")
@@ -227,7 +227,7 @@ class Demo:
         self.finished = True
 
     def _rate(self) -> float:
-        from diagnosis.calibrate import capacity
+        from scenarios.calibrate import capacity
 
         sc = self.scenario
         if sc.rate is not None:
@@ -240,8 +240,7 @@ class Demo:
         return rate
 
     def _start(self, rate: float) -> None:
-        from diagnosis.scenario import warm_up
-        from diagnosis.scenario_procs import start_collector, start_server
+        from scenarios.procs import start_collector, start_server, warm_up
         from stepscope.procs import Proc, free_port
 
         cfg, sc = self.cfg, self.scenario
@@ -272,7 +271,7 @@ class Demo:
         warm_up(self.engine_url, sc.model)
 
     async def _load(self, rate: float, token: str) -> dict[str, Any]:
-        from diagnosis.scenario import drive
+        from scenarios.runner import drive
 
         sc = self.scenario
         say(f"\n[3/5] steady load: {rate:g} requests/s for {sc.duration_s:g}s, {sc.fault} at {sc.onset:g}s")

@@ -240,7 +240,8 @@ def test_weight_quant_off_reaches_the_core_through_the_admin_message() -> None:
 
 
 def test_the_scenario_serves_int8_weights_for_the_weight_quant_off_fault(tmp_path: Path) -> None:
-    from diagnosis.scenario import FAULTS, ScenarioConfig
+    from scenarios.config import ScenarioConfig
+    from scenarios.faults import FAULTS
 
     args = ScenarioConfig(out=tmp_path, fault="weight_quant_off").engine_args()
     assert args[args.index("--weight-dtype") + 1] == "int8"

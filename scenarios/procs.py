@@ -16,7 +16,7 @@ import httpx
 from stepscope.procs import Proc, free_port
 
 if TYPE_CHECKING:
-    from diagnosis.scenario import ScenarioConfig
+    from scenarios.config import ScenarioConfig
 
 
 def start_server(cfg: ScenarioConfig, log: Path, token: str, otlp: str | None) -> tuple[Proc, str]:
@@ -72,3 +72,10 @@ def wait_flushed(collector_url: str, timeout_s: float = 60.0, quiet_s: float = 3
             break
         time.sleep(0.5)
     return last
+
+
+def warm_up(url: str, model: str) -> None:
+    """Two short requests before the run: the first steps of a fresh process are slow."""
+    for prompt in ("warm up " * 40, "hello"):
+        body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        httpx.post(url + "/v1/completions", json=body, timeout=120, trust_env=False)

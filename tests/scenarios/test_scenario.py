@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from diagnosis.calibrate import steady_rate
-from diagnosis.eval import Case, grid, scoreboard
-from diagnosis.scenario import FAULTS, ScenarioConfig, load_specs, parse_fault, run_scenario, workloads
 from loadgen.workloads import WorkloadShift
+from scenarios.calibrate import steady_rate
+from scenarios.config import ScenarioConfig, load_specs, workloads
+from scenarios.eval import Case, grid, scoreboard
+from scenarios.faults import FAULTS, parse_fault
+from scenarios.runner import run_scenario
 
 ONSET_S = 10.0
 

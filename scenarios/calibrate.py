@@ -19,25 +19,21 @@ import socket
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from loadgen.runner import LoadSpec, RunOptions, run_load
-
-if TYPE_CHECKING:
-    from diagnosis.scenario import ScenarioConfig
+from scenarios.config import ScenarioConfig, fault_workload, workloads
+from scenarios.procs import start_server, warm_up
 
 PROBE_S = 20.0
 WARM_SHARE = 0.25  # the probe's first quarter fills the batch; completions are counted after it
 CACHE_MAX_AGE_S = 2 * 3600  # neighbours' load on a shared machine changes capacity several-fold
-WORKLOAD_VERSION = 2  # bump when `diagnosis.scenario.workloads` changes
+WORKLOAD_VERSION = 2  # bump when `scenarios.config.workloads` changes
 CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "capacity.json"
 CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 
 
 def cache_key(cfg: ScenarioConfig) -> str:
     """What the capacity depends on: host, model and engine options, workload version."""
-    from diagnosis.scenario import fault_workload
-
     workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
     return json.dumps([socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION, workload])
 
@@ -61,9 +57,6 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
 
 def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
-    from diagnosis.scenario import fault_workload, warm_up, workloads
-    from diagnosis.scenario_procs import start_server
-
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
     cfg.log(f"calibrate: probing capacity for {duration_s:g}s")

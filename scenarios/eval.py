@@ -3,7 +3,7 @@
     stepscope eval --quick --out eval.json                  # one magnitude x one seed + 2 healthy runs
     stepscope eval --faults overload,scheduler_stall        # a subset, full grid (2 magnitudes x 3 seeds)
 
-Each case is one `run_scenario` (diagnosis/scenario.py) in `--runs-dir/<case>/`, then two diagnoses of
+Each case is one `run_scenario` (scenarios/runner.py) in `--runs-dir/<case>/`, then two diagnoses of
 its store: the headline one over the whole run window with no baseline (the change point must be found),
 and one with the baseline given as [start, onset) (a healthy run: the first half). A case is correct when
 the top finding names the injected cause; a healthy run counts as a false positive when it has any
@@ -54,7 +54,7 @@ class Case:
 
 def grid(faults: list[str], quick: bool) -> list[Case]:
     """Every fault x magnitudes x seeds, plus healthy runs (quick: default magnitude, one seed)."""
-    from diagnosis.scenario import FAULTS
+    from scenarios.faults import FAULTS
 
     seeds = FULL_SEEDS[:1] if quick else FULL_SEEDS
     cases = []
@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the grid, print the scoreboard, write the JSON."""
-    from diagnosis.scenario import FAULTS, ScenarioConfig
+    from scenarios.config import ScenarioConfig
+    from scenarios.faults import FAULTS
 
     faults = list(FAULTS) if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
@@ -143,7 +144,7 @@ class Capacities:
         self._by_key: dict[str, float] = {}  # calibrate.cache_key -> requests/s (per-eval)
 
     def __call__(self, case: Case, cfg: Any) -> float:
-        from diagnosis.calibrate import cache_key, capacity, probe
+        from scenarios.calibrate import cache_key, capacity, probe
 
         if self.mode == "cached":
             value = capacity(cfg)
@@ -161,7 +162,9 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> d
     stretched until both sides of the onset get enough requests at the case's capacity."""
     import shutil
 
-    from diagnosis.scenario import fault_clients, min_duration_s, run_scenario
+    from scenarios.config import fault_clients
+    from scenarios.faults import min_duration_s
+    from scenarios.runner import run_scenario
 
     out = runs_dir / case.name
     done = out / "result.json"
@@ -186,7 +189,7 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> d
 
 def _diagnose_in_child(run_dir: Path) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "diagnosis.eval", str(run_dir)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "scenarios.eval", str(run_dir)], capture_output=True, text=True, timeout=600
     )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-2000:]}

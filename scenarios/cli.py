@@ -5,7 +5,7 @@
     stepscope scenario list                                                          # the faults
     stepscope scenario facts /tmp/stepscope-scenarios/overload      # what the fault changed (JSON)
 
-Defaults come from `diagnosis.scenario.ScenarioConfig`. Ctrl-C stops every process it started.
+Defaults come from `scenarios.config.ScenarioConfig`. Ctrl-C stops every process it started.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _DEFAULTS: dict[str, object] = {}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`run` and `list`."""
-    from diagnosis.scenario import ScenarioConfig
+    from scenarios.config import ScenarioConfig
 
     d = ScenarioConfig(out=Path("."))
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> object:
     """The `ScenarioConfig` of the options; UsageError on bad input."""
-    from diagnosis.scenario import ScenarioConfig, parse_fault
+    from scenarios.config import ScenarioConfig
+    from scenarios.faults import parse_fault
 
     fault = value = None
     try:
@@ -100,7 +101,7 @@ def _number(flag: str, raw: object, low: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run the action."""
-    from diagnosis.scenario import FAULTS, run_scenario
+    from scenarios.faults import FAULTS
 
     if args.action == "list":
         for f in FAULTS.values():
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{f.name:22} default {default:>6}  eval {mags:12}  {f.help}")
         return 0
     if args.action == "facts":
-        from diagnosis.scenario_facts import measure
+        from scenarios.facts import measure
 
         if not (Path(args.dir) / "truth.json").is_file():
             raise UsageError(f"{args.dir}: no truth.json (not a finished scenario run)")
@@ -117,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action != "run":
         raise UsageError("choose an action: run, list or facts")
-    from diagnosis.eval import interrupt_on_sigterm
+    from scenarios.eval import interrupt_on_sigterm
+    from scenarios.runner import run_scenario
 
     cfg = config_from_args(args)
     interrupt_on_sigterm()

@@ -1,0 +1,164 @@
+"""The scenario faults: each one's name, help, default value, eval magnitudes and the knobs it turns.
+
+A plain table with no import of the project, so that a command can list or parse faults without loading
+the engine, the load generator or the collector. `scenarios.runner` applies a fault to a running system;
+each fault changes the real system, none writes a span, a timing or an attribute (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Limits = dict[str, object]
+# A length distribution in tokens: (median, sigma, low, high), loadgen.workloads.LengthDist's fields.
+Length = tuple[int, float, int, int]
+# The diagnosis tests a P99 only with 50 requests on each side of the change (diagnosis/config.py): a run
+# should bring a few more than that to each side of its onset.
+MIN_REQUESTS_PER_SIDE = 55
+
+
+def min_duration_s(rate: float, onset_share: float = 0.5) -> float:
+    """The shortest run whose both sides of the onset get `MIN_REQUESTS_PER_SIDE` requests at `rate`."""
+    return MIN_REQUESTS_PER_SIDE / rate / min(onset_share, 1 - onset_share)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One scenario fault: how its value turns into a workload shift, runtime limits or engine faults."""
+
+    name: str
+    help: str
+    default: float | None  # None: the fault takes no value
+    magnitudes: tuple[float | None, ...]  # the eval grid's two magnitudes
+    shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
+    limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
+    engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
+    serve_args: tuple[str, ...] = ()  # `stepscope serve` options the run needs from its start
+    # The workload the fault needs to show, in both halves (WorkloadConfig fields over
+    # `scenarios.config.workloads()`; a tuple is a length distribution: `Length`).
+    workload: dict[str, Any] = field(default_factory=dict)
+    # Closed-loop clients in all (both streams) instead of the open-loop rate: demand that queues.
+    clients: int | None = None
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "prefix_cache_miss",
+            "a fraction F of requests get a changed system prompt",
+            0.9,
+            (0.6, 0.9),
+            shift=lambda v: {"prefix_change_fraction": v},
+            # An application's long system prompt (instructions, tools, few-shot examples): a miss then
+            # costs 1k tokens of prefill. With the default 384 tokens TTFT P50 moved x2 and no test could
+            # tell it from noise at ~50 requests a side.
+            workload={"system_prompt_tokens": 1024},
+        ),
+        Fault(
+            "long_prompts",
+            "prompt lengths times K",
+            3.0,
+            (2.5, 4.0),
+            shift=lambda v: {"prompt_len_factor": v},
+        ),
+        # at 35% of capacity, K = 3 lands at 1.05x: within the calibration's noise of the knee
+        Fault("overload", "arrival rate times K", 4.0, (3.5, 5.0), shift=lambda v: {"rate_factor": v}),
+        Fault(
+            "oversized_batch",
+            "max_num_seqs raised to N",
+            48,
+            (32, 64),
+            limits=lambda v, cur: {"max_num_seqs": int(v)},
+            # Demand that queues at the old cap (a batch pipeline keeping 24 requests in flight): only
+            # then does a higher cap change the batch. Open-loop arrivals below the knee keep the batch
+            # at arrivals x latency (Little's law) whatever the cap.
+            clients=24,
+        ),
+        Fault(
+            "prefill_interference",
+            "chunked prefill turned off while long prompts arrive among chat traffic",
+            None,
+            (None, None),
+            # As vLLM requires with chunking off, the token budget covers a whole prompt: documents are
+            # prefilled in one step together with the running decodes (with the 256-token budget a long
+            # prompt would instead wait for the batch to empty and run alone).
+            limits=lambda v, cur: {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096},
+            # Longer documents and chat answers, and six clients keeping requests in flight (below the
+            # cap of 8: no queueing at it), so that long prefills land among running decodes whatever
+            # the machine's speed.
+            workload={
+                "summarize_prompt": (1536, 0.25, 1024, 2048),
+                "chat_output": (48, 0.3, 24, 96),
+            },
+            clients=6,
+        ),
+        Fault(
+            "kv_cache_pressure",
+            "the KV block pool cut to a fraction F",
+            0.1,
+            (0.15, 0.1),
+            # 768 -> 76 blocks at 0.1 (115 at 0.15; the longest prompt needs 65): a full batch of 8
+            # (about 100-150 blocks) no longer fits, so running sequences are preempted. Once decode got
+            # cheaper (session 3), 0.15's 33 preemptions moved ITL max P99 x1.7 and TTFT P99 x1.4: past
+            # the significance bar in one quiet run of two.
+            limits=lambda v, cur: {"num_kv_blocks": max(int(int(cur["num_kv_blocks"]) * v), 1)},  # type: ignore[call-overload]
+            # A busy engine, the batch kept at its cap of 8 by closed-loop clients: at 35% of capacity
+            # on an open loop the batch was ~1 and even 76 blocks preempted once in a run.
+            clients=8,
+        ),
+        Fault(
+            "scheduler_stall",
+            "a thread holds the step loop's lock for MS ms every 100-250 ms",
+            100,
+            (60, 150),
+            engine=lambda v: {"scheduler_stall_ms": float(v)},
+        ),
+        Fault(
+            "rpc_overhead",
+            "the front-end/core channel switched to a codec K times slower",
+            # At 400 a quiet run's RPC delay grew 1.1 -> 6.5 ms a token against a 24 ms TPOT: TPOT P50
+            # x1.15, under the regression bar. 1000 makes the channel the bottleneck it is meant to be.
+            1000,
+            (600, 1500),
+            engine=lambda v: {"rpc_codec": f"slow:{int(v)}"},
+        ),
+        Fault(
+            "kv_transfer_slow",
+            "disaggregated serving: the prefill -> decode KV link throttled to MB/s (docs/disagg.md)",
+            20,
+            (30, 10),
+            engine=lambda v: {"kv_transfer_mbps": float(v)},
+            serve_args=("--disagg",),  # 1 prefill + 1 decode worker on the same cores
+        ),
+        Fault(
+            "weight_quant_off",
+            "an int8-weight engine switched to full-precision weights (the wrong checkpoint)",
+            None,
+            (None, None),
+            engine=lambda v: {"weight_quant_off": True},
+            serve_args=("--weight-dtype", "int8"),  # healthy half int8, the fault half fp32
+        ),
+    )
+}
+
+
+def parse_fault(text: str) -> tuple[str, float | None]:
+    """`NAME` or `NAME=VALUE` -> (name, value with the default filled in); ValueError when bad."""
+    name, _, raw = text.partition("=")
+    fault = FAULTS.get(name)
+    if fault is None:
+        raise ValueError(f"unknown fault {name!r}; choose one of {', '.join(FAULTS)}")
+    if not raw:
+        return name, fault.default
+    if fault.default is None:
+        raise ValueError(f"fault {name} takes no value")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"fault {name}: expected a number, got {raw!r}") from None
+    if value <= 0 or (name in ("prefix_cache_miss", "kv_cache_pressure") and value > 1):
+        raise ValueError(f"fault {name}: value out of range: {raw}")
+    return name, value
