@@ -17,8 +17,8 @@
 """
 
 from diagnosis.config import DiagnosisConfig
-from diagnosis.engine import diagnose
-from diagnosis.model import Diagnosis, Evidence, Finding, NotEnoughData, Regression
+from diagnosis.pipeline import diagnose
+from diagnosis.records import Diagnosis, Evidence, Finding, NotEnoughData, Regression
 from diagnosis.render import render
 from diagnosis.rules import CAUSES
 from diagnosis.source import Source, SourceError, open_source

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from diagnosis.engine import diagnose
+from diagnosis.pipeline import diagnose
 from diagnosis.render import FORMATS, render
 from diagnosis.source import Source, SourceError, open_source
 from diagnosis.timerange import TimeRange, parse_time

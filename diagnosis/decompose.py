@@ -31,7 +31,7 @@ def share(part: float, total: float) -> float:
 
 def ttft(facts: Facts) -> dict[str, Any]:
     """Means of TTFT and its parts per side, their changes, and each part's share of the change."""
-    if not (facts.b("with_queue") > 0 and facts.c("with_queue") > 0):
+    if not (facts.req_baseline("with_queue") > 0 and facts.req_current("with_queue") > 0):
         return {"available": False, "missing": "gen_ai.latency.time_in_queue / time_in_model_prefill"}
     out: dict[str, Any] = {"available": True}
     for label, sides in (("mean", _mean_parts(facts)), ("tail", _tail_parts(facts))):
@@ -48,7 +48,7 @@ def ttft(facts: Facts) -> dict[str, Any]:
 
 def _mean_parts(facts: Facts) -> tuple[dict[str, float], dict[str, float]]:
     out = []
-    for get in (facts.b, facts.c):
+    for get in (facts.req_baseline, facts.req_current):
         parts = {"ttft": get("ttft_mean")} | {p: get(f"{p}_mean") for p in TTFT_PARTS}
         parts["other"] = parts["ttft"] - sum(np.nan_to_num(parts[p]) for p in TTFT_PARTS)
         out.append(parts)
@@ -180,7 +180,10 @@ def _bytes_ratio(facts: Facts) -> float:
 def throughput(facts: Facts) -> dict[str, Any]:
     """Per side: output tokens/s, and the step loop's wall time as busy, gaps while decodes wait, idle."""
     out: dict[str, Any] = {}
-    for label, get, sget in (("baseline", facts.b, facts.sb), ("current", facts.c, facts.sc)):
+    for label, get, sget in (
+        ("baseline", facts.req_baseline, facts.step_baseline),
+        ("current", facts.req_current, facts.step_current),
+    ):
         side = {"output_tokens_per_s": get("output_tokens_per_s"), "requests_per_s": get("rate_rps")}
         if facts.steps is not None:
             wall = get("seconds") * max(1.0, sget("instances") or 1.0)

@@ -12,7 +12,7 @@ import numpy as np
 from diagnosis import queries, stats
 from diagnosis.config import DiagnosisConfig
 from diagnosis.frame import StepFrame
-from diagnosis.model import Regression
+from diagnosis.records import Regression
 from diagnosis.source import Source, num
 from diagnosis.timerange import TimeRange
 
@@ -65,21 +65,39 @@ class Facts:
         """Metric names of the regressions in these families (`ttft`, `tpot`, `e2e`, `itl_max`, ...)."""
         return tuple(r.metric for r in self.regressions if r.family in families)
 
-    def b(self, key: str) -> float:
+    def req_baseline(self, key: str) -> float:
         """Baseline request aggregate."""
         return num(self.req[0].get(key))
 
-    def c(self, key: str) -> float:
+    def req_current(self, key: str) -> float:
         """Current request aggregate."""
         return num(self.req[1].get(key))
 
-    def sb(self, key: str) -> float:
+    def step_baseline(self, key: str) -> float:
         """Baseline step aggregate (NaN without steps)."""
         return num(self.steps[0].get(key)) if self.steps else math.nan
 
-    def sc(self, key: str) -> float:
+    def step_current(self, key: str) -> float:
         """Current step aggregate (NaN without steps)."""
         return num(self.steps[1].get(key)) if self.steps else math.nan
+
+    def req_pair(self, key: str) -> tuple[float, float]:
+        """(baseline, current) request aggregate."""
+        return self.req_baseline(key), self.req_current(key)
+
+    def step_pair(self, key: str) -> tuple[float, float]:
+        """(baseline, current) step aggregate (NaN without steps)."""
+        return self.step_baseline(key), self.step_current(key)
+
+    def req_ratio(self, key: str, default: float) -> float:
+        """Current over baseline request aggregate; `default` when the baseline is not positive."""
+        base = self.req_baseline(key)
+        return self.req_current(key) / base if base > 0 else default
+
+    def step_ratio(self, key: str, default: float) -> float:
+        """Current over baseline step aggregate; `default` when the baseline is not positive (or no steps)."""
+        base = self.step_baseline(key)
+        return self.step_current(key) / base if base > 0 else default
 
     def onset(self, name: str, fallback: float | None = None) -> float | None:
         """Unix seconds of the change point of series `name` near the compared windows, else `fallback`

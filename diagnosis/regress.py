@@ -11,7 +11,7 @@ import numpy as np
 from diagnosis import stats
 from diagnosis.config import DiagnosisConfig
 from diagnosis.facts import Facts
-from diagnosis.model import Regression
+from diagnosis.records import Regression
 
 # metric -> (aggregate column, sample column, quantile)
 LATENCY_METRICS: dict[str, tuple[str, str, float]] = {
@@ -44,7 +44,7 @@ def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None
     need = cfg.min_requests_p99 if q > 0.5 else cfg.min_requests_p50
     if min(nb, nc) < need:
         return None
-    base, cur = facts.b(column), facts.c(column)
+    base, cur = facts.req_baseline(column), facts.req_current(column)
     r = stats.ratio(cur, base)
     if not r >= (cfg.min_ratio_p99 if q > 0.5 else cfg.min_ratio_p50):
         return None
@@ -66,9 +66,9 @@ def _interval_rates(facts: Facts, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _throughput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     """Output tokens per second fell, by more than demand fell (fewer arrivals are not a regression)."""
-    base, cur = facts.b("output_tokens_per_s"), facts.c("output_tokens_per_s")
+    base, cur = facts.req_baseline("output_tokens_per_s"), facts.req_current("output_tokens_per_s")
     r = stats.ratio(cur, base)
-    demand = stats.ratio(facts.c("rate_rps"), facts.b("rate_rps"))
+    demand = stats.ratio(facts.req_current("rate_rps"), facts.req_baseline("rate_rps"))
     if not (r <= cfg.min_drop_rate and r / demand <= cfg.min_drop_rate):
         return None
     xb, xc = _interval_rates(facts, "output_tokens")
@@ -117,10 +117,10 @@ def _goodput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
 
 
 def _error_rate(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
-    nb, nc = int(facts.b("requests") or 0), int(facts.c("requests") or 0)
+    nb, nc = int(facts.req_baseline("requests") or 0), int(facts.req_current("requests") or 0)
     if min(nb, nc) < cfg.min_requests_p50:
         return None
-    eb, ec = int(facts.b("errors") or 0), int(facts.c("errors") or 0)
+    eb, ec = int(facts.req_baseline("errors") or 0), int(facts.req_current("errors") or 0)
     base, cur = eb / nb, ec / nc
     if cur - base < cfg.min_error_rate_increase or not stats.ratio(cur, base) >= cfg.min_error_rate_ratio:
         return None

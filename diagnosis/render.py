@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from diagnosis.model import Diagnosis
+from diagnosis.records import Diagnosis
 from diagnosis.timerange import iso
 
 FORMATS = ("text", "json", "md")

@@ -198,7 +198,7 @@ def _diagnose_in_child(run_dir: Path) -> dict[str, Any]:
 
 def diagnose_run(run_dir: Path) -> dict[str, Any]:
     """Both diagnoses of one run: `{"no_baseline": Diagnosis JSON, "baseline": Diagnosis JSON}`."""
-    from diagnosis.engine import diagnose
+    from diagnosis.pipeline import diagnose
     from diagnosis.source import open_source
     from diagnosis.timerange import TimeRange
 

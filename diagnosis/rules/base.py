@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from diagnosis import queries
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 
 Rule = Callable[[Facts], "Finding | NotEnoughData | None"]
 
@@ -27,7 +27,7 @@ def strength(ratio: float, threshold: float) -> float:
 
 def steps_missing(facts: Facts, cause: str) -> NotEnoughData | None:
     """NotEnoughData when there are no engine.step rows on both sides."""
-    if facts.steps is None or not (facts.sb("steps") > 0 and facts.sc("steps") > 0):
+    if facts.steps is None or not (facts.step_baseline("steps") > 0 and facts.step_current("steps") > 0):
         return NotEnoughData(cause, "engine.step spans (the steps table has no rows in both windows)")
     return None
 
@@ -64,9 +64,9 @@ def best(*values: float) -> float:
 def rpc_grew(facts: Facts) -> bool | None:
     """Did the front end's RPC delay grow past its thresholds? None when it is not measured."""
     cfg = facts.config
-    if not (facts.b("with_rpc") > 0 and facts.c("with_rpc") > 0):
+    if not (facts.req_baseline("with_rpc") > 0 and facts.req_current("with_rpc") > 0):
         return None
-    rb, rc = facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")
+    rb, rc = facts.req_baseline("rpc_delay_mean"), facts.req_current("rpc_delay_mean")
     return rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb
 
 
@@ -74,8 +74,12 @@ def channel_dominates(facts: Facts) -> bool:
     """Did the RPC delay grow by at least `rpc_share_of_gap` of the gaps' growth? A slow channel also
     slows the core's encoding (gaps grow), and a stall also delays a few frames (the delay grows): which
     grew more says where the time went."""
-    rpc = facts.c("rpc_delay_mean") - facts.b("rpc_delay_mean")
-    gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean") if facts.steps is not None else 0.0
+    rpc = facts.req_current("rpc_delay_mean") - facts.req_baseline("rpc_delay_mean")
+    gap = (
+        facts.step_current("work_gap_mean") - facts.step_baseline("work_gap_mean")
+        if facts.steps is not None
+        else 0.0
+    )
     if not math.isfinite(gap) or gap <= 0:
         return True
     return rpc >= facts.config.rpc_share_of_gap * gap
@@ -90,13 +94,16 @@ def gaps_grew(facts: Facts) -> bool:
     cfg = facts.config
     if facts.steps is None:
         return False
-    gb, gc = facts.sb("work_gap_mean"), facts.sc("work_gap_mean")
+    gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")
     return gc - gb >= cfg.min_gap_increase_s and gc >= cfg.gap_ratio * gb
 
 
 def chunking_turned_off(facts: Facts) -> bool:
     """Did the share of steps with chunked prefill on drop by `chunking_off_share`?"""
-    return facts.sb("chunked_share") - facts.sc("chunked_share") >= facts.config.chunking_off_share
+    return (
+        facts.step_baseline("chunked_share") - facts.step_current("chunked_share")
+        >= facts.config.chunking_off_share
+    )
 
 
 def make_finding(

@@ -10,7 +10,7 @@ oversized_batch: batch size up with no preemptions.
 from __future__ import annotations
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength, ttft_share
 from diagnosis.rules.oversized_batch import preemption_rate
 
@@ -28,7 +28,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "goodput", "throughput")
     rate_b, rate_c = preemption_rate(facts, 0), preemption_rate(facts, 1)
-    usage = facts.sc("kv_usage_p90")
+    usage = facts.step_current("kv_usage_p90")
     if not symptoms or not (rate_c - rate_b >= cfg.preemptions_per_kstep and usage >= cfg.kv_full_share):
         return None
     # Recompute shows as prefill in decode steps, blocked admission as queue time; when neither part
@@ -43,15 +43,15 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         onset_series="preemptions",
         evidence=[
             Evidence("preemptions_per_1k_steps", rate_b, rate_c),
-            Evidence("kv_usage_p90", facts.sb("kv_usage_p90"), usage),
-            Evidence("kv_usage_p50", facts.sb("kv_usage_p50"), facts.sc("kv_usage_p50")),
-            Evidence("kv_blocks_total", facts.sb("kv_blocks_total_mean"), facts.sc("kv_blocks_total_mean")),
+            Evidence("kv_usage_p90", facts.step_baseline("kv_usage_p90"), usage),
+            Evidence("kv_usage_p50", *facts.step_pair("kv_usage_p50")),
+            Evidence("kv_blocks_total", *facts.step_pair("kv_blocks_total_mean")),
             Evidence(
                 "preemptions_per_request",
-                facts.b("preemptions_per_request"),
-                facts.c("preemptions_per_request"),
+                facts.req_baseline("preemptions_per_request"),
+                facts.req_current("preemptions_per_request"),
             ),
-            Evidence("batch_size_mean", facts.sb("batch_mean"), facts.sc("batch_mean")),
+            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
         ],
         lever=LEVER,
         summary=f"preemptions {rate_b:.1f} -> {rate_c:.1f} per 1k steps with the KV pool {usage:.0%} used",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding
+from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import make_finding, strength, ttft_share
 
 CAUSE = "kv_transfer_slow"
@@ -24,16 +24,16 @@ def evaluate(facts: Facts) -> Finding | None:
     """KV transfer share of mean TTFT up by `kv_transfer_share_increase`, seconds per token up by
     `kv_transfer_per_token_ratio`. Share = KV transfer part of the TTFT change."""
     cfg = facts.config
-    if not (facts.b("with_kv_transfer") > 0 or facts.c("with_kv_transfer") > 0):
+    if not (facts.req_baseline("with_kv_transfer") > 0 or facts.req_current("with_kv_transfer") > 0):
         return None  # colocated serving: no transfer can be slow
     symptoms = facts.regressed("ttft", "e2e", "goodput")
     if not symptoms:
         return None
     shares = [
         get("kv_transfer_mean") / get("ttft_mean") if get("ttft_mean") > 0 else math.nan
-        for get in (facts.b, facts.c)
+        for get in (facts.req_baseline, facts.req_current)
     ]
-    per_token = [facts.b("kv_transfer_s_per_token"), facts.c("kv_transfer_s_per_token")]
+    per_token = [facts.req_baseline("kv_transfer_s_per_token"), facts.req_current("kv_transfer_s_per_token")]
     ratio = per_token[1] / per_token[0] if per_token[0] > 0 else math.inf
     if not (
         shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio
@@ -49,7 +49,7 @@ def evaluate(facts: Facts) -> Finding | None:
         onset_series="kv_transfer_mean",
         evidence=[
             Evidence("kv_transfer_share_of_ttft", shares[0], shares[1]),
-            Evidence("kv_transfer_s_mean", facts.b("kv_transfer_mean"), facts.c("kv_transfer_mean")),
+            Evidence("kv_transfer_s_mean", *facts.req_pair("kv_transfer_mean")),
             Evidence("kv_transfer_s_per_token", per_token[0], per_token[1]),
             Evidence(
                 "tokens_per_s_transferred",

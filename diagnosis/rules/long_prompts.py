@@ -8,7 +8,7 @@ prefix_cache_miss (lengths unchanged, cached share down).
 from __future__ import annotations
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding
+from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
 
 CAUSE = "long_prompts"
@@ -23,10 +23,10 @@ def evaluate(facts: Facts) -> Finding | None:
     prefill + queue (TTFT) or prefill riding in decode steps (TPOT)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "tpot", "itl_max", "goodput", "throughput")
-    mean_ratio = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else 0.0
+    mean_ratio = facts.req_ratio("input_mean", 0.0)
     # The upper tail, not the median: a mixed workload (chat + shared-prefix) has a bimodal length
     # distribution whose median jumps between modes in healthy runs.
-    p90_ratio = facts.c("input_p90") / facts.b("input_p90") if facts.b("input_p90") > 0 else 0.0
+    p90_ratio = facts.req_ratio("input_p90", 0.0)
     if not symptoms or not (mean_ratio >= cfg.long_prompt_ratio and p90_ratio >= cfg.steady_prompt_ratio):
         return None
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
@@ -40,11 +40,11 @@ def evaluate(facts: Facts) -> Finding | None:
         strength_=strength(mean_ratio, cfg.long_prompt_ratio),
         onset_series="input_mean",
         evidence=[
-            Evidence("input_tokens_mean", facts.b("input_mean"), facts.c("input_mean")),
-            Evidence("input_tokens_p50", facts.b("input_p50"), facts.c("input_p50")),
-            Evidence("input_tokens_p90", facts.b("input_p90"), facts.c("input_p90")),
-            Evidence("prefill_s_mean", facts.b("prefill_mean"), facts.c("prefill_mean")),
-            Evidence("queue_s_mean", facts.b("queue_mean"), facts.c("queue_mean")),
+            Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
+            Evidence("input_tokens_p50", *facts.req_pair("input_p50")),
+            Evidence("input_tokens_p90", *facts.req_pair("input_p90")),
+            Evidence("prefill_s_mean", *facts.req_pair("prefill_mean")),
+            Evidence("queue_s_mean", *facts.req_pair("queue_mean")),
         ],
         lever=LEVER,
         summary=f"prompts x{mean_ratio:.2f} longer (mean); prefill + queue explain {share:.0%}",

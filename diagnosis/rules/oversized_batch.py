@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
     best,
     chunking_turned_off,
@@ -29,17 +29,17 @@ LEVER = (
 
 def preemption_rate(facts: Facts, side: int) -> float:
     """Preemptions per thousand steps on a side."""
-    get = facts.sb if side == 0 else facts.sc
+    get = facts.step_baseline if side == 0 else facts.step_current
     return 1000 * get("preemptions") / get("steps") if get("steps") > 0 else math.nan
 
 
 def _grew_on_its_own(facts: Facts) -> bool:
     """Without a recorded limit: arrivals flat, steps as fast at equal batch size, gaps flat."""
     cfg = facts.config
-    arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan
+    arrivals = facts.req_ratio("rate_rps", math.nan)
     split = facts.decomposition.get("step_period", {})
     speed = split.get("equal_batch_ratio", math.nan)
-    gaps = facts.sc("work_gap_mean") / facts.sb("work_gap_mean") if facts.sb("work_gap_mean") > 0 else 1.0
+    gaps = facts.step_ratio("work_gap_mean", 1.0)
     return arrivals < cfg.arrival_ratio and speed < cfg.equal_batch_ratio and gaps < cfg.gap_ratio
 
 
@@ -51,7 +51,7 @@ def _admissions_follow_the_batch(facts: Facts) -> bool:
     long_prompts)."""
     cfg = facts.config
     chunking_off = chunking_turned_off(facts)
-    lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
+    lengths = facts.req_ratio("input_mean", math.inf)
     return not chunking_off and 1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio
 
 
@@ -64,13 +64,13 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if missing := steps_missing(facts, CAUSE):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "goodput")
-    batch = facts.sc("batch_mean") / facts.sb("batch_mean") if facts.sb("batch_mean") > 0 else 0.0
+    batch = facts.step_ratio("batch_mean", 0.0)
     if not symptoms or not batch >= cfg.batch_ratio:
         return None
     if preemption_rate(facts, 1) - preemption_rate(facts, 0) >= cfg.preemptions_per_kstep:
         return None
     # Step-weighted means: a change point a few steps late leaves the new limit in the baseline's max.
-    limit_b, limit_c = facts.sb("max_num_seqs_mean"), facts.sc("max_num_seqs_mean")
+    limit_b, limit_c = facts.step_baseline("max_num_seqs_mean"), facts.step_current("max_num_seqs_mean")
     limit_raised = limit_b > 0 and limit_c >= cfg.limit_raise_ratio * limit_b
     if limit_b > 0 and not limit_raised:
         return None  # the limit did not move: more arrivals or slower steps filled the batch
@@ -87,11 +87,11 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         strength_=strength(batch, cfg.batch_ratio) + (0.5 if limit_raised else 0.0),
         onset_series="max_num_seqs" if limit_raised else "batch_mean",
         evidence=[
-            Evidence("batch_size_mean", facts.sb("batch_mean"), facts.sc("batch_mean")),
+            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
             Evidence("max_num_seqs", limit_b, limit_c),
-            Evidence("step_s_mean", facts.sb("step_mean"), facts.sc("step_mean")),
+            Evidence("step_s_mean", *facts.step_pair("step_mean")),
             Evidence("preemptions_per_1k_steps", preemption_rate(facts, 0), preemption_rate(facts, 1)),
-            Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),
+            Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
         ],
         lever=LEVER,
         summary=f"batch size x{batch:.2f}; the bigger batch explains {share:.0%} of the step period change",

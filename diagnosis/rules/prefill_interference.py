@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import chunking_turned_off, make_finding, period_share, steps_missing, strength
 
 CAUSE = "prefill_interference"
@@ -24,11 +24,11 @@ def _same_prefill_work(facts: Facts) -> bool:
     """Larger chunks with chunking still on are interference only when the prefill work did not grow:
     uncached prompt tokens per request (prefix misses), batch size and preemptions (recompute) steady."""
     cfg = facts.config
-    ub, uc = facts.b("uncached_mean"), facts.c("uncached_mean")
-    batch = facts.sc("batch_mean") / facts.sb("batch_mean") if facts.sb("batch_mean") > 0 else math.inf
+    ub, uc = facts.req_baseline("uncached_mean"), facts.req_current("uncached_mean")
+    batch = facts.step_ratio("batch_mean", math.inf)
     preempt = 1000 * (
-        facts.sc("preemptions") / max(facts.sc("steps"), 1)
-        - facts.sb("preemptions") / max(facts.sb("steps"), 1)
+        facts.step_current("preemptions") / max(facts.step_current("steps"), 1)
+        - facts.step_baseline("preemptions") / max(facts.step_baseline("steps"), 1)
     )
     return (
         uc <= cfg.steady_prompt_ratio * ub and batch < cfg.batch_ratio and preempt < cfg.preemptions_per_kstep
@@ -44,11 +44,11 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if missing := steps_missing(facts, CAUSE):
         return missing
     symptoms = facts.regressed("itl_max", "tpot", "e2e", "ttft")
-    pb, pc = facts.sb("mixed_prefill_p99"), facts.sc("mixed_prefill_p99")
+    pb, pc = facts.step_baseline("mixed_prefill_p99"), facts.step_current("mixed_prefill_p99")
     chunk = pc / pb if pb > 0 else (math.inf if pc > 0 else 0.0)
     if not symptoms or not chunk >= cfg.prefill_chunk_ratio:
         return None
-    lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
+    lengths = facts.req_ratio("input_mean", math.inf)
     chunking_off = chunking_turned_off(facts)
     # Chunking turned off is the change itself: then only a long_prompts-sized shift competes (a mix of
     # ~100 requests with 1-2k-token documents moved its mean prompt x1.32 between halves by chance).
@@ -67,15 +67,15 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         strength_=strength(chunk, cfg.prefill_chunk_ratio) + (0.5 if chunking_off else 0.0),
         onset_series="chunked_share" if chunking_off else "mixed_prefill_max",
         evidence=[
-            Evidence("chunked_prefill_share", facts.sb("chunked_share"), facts.sc("chunked_share")),
+            Evidence("chunked_prefill_share", *facts.step_pair("chunked_share")),
             Evidence("prefill_tokens_in_decode_steps_p99", pb, pc),
             Evidence(
                 "prefill_tokens_in_decode_steps_max",
-                facts.sb("mixed_prefill_max"),
-                facts.sc("mixed_prefill_max"),
+                facts.step_baseline("mixed_prefill_max"),
+                facts.step_current("mixed_prefill_max"),
             ),
-            Evidence("input_tokens_mean", facts.b("input_mean"), facts.c("input_mean")),
-            Evidence("itl_max_s_p99", facts.b("itl_max_p99"), facts.c("itl_max_p99")),
+            Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
+            Evidence("itl_max_s_p99", *facts.req_pair("itl_max_p99")),
         ],
         lever=LEVER,
         summary=f"decode steps carry x{chunk:.1f} larger prefill chunks (P99) at unchanged prompt lengths",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding
+from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
 
 CAUSE = "prefix_cache_miss"
@@ -29,16 +29,19 @@ def evaluate(facts: Facts) -> Finding | None:
     if not facts.regressed("ttft", "e2e", "goodput", "throughput"):
         return None
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput", "tpot")
-    cb, cc = facts.b("cached_share"), facts.c("cached_share")
+    cb, cc = facts.req_baseline("cached_share"), facts.req_current("cached_share")
     if not symptoms or not (math.isfinite(cb) and math.isfinite(cc)) or cb <= 0:
         return None
     if not (cb - cc >= cfg.cache_share_drop and cc / cb <= cfg.cache_share_ratio):
         return None
-    lengths = facts.c("input_mean") / facts.b("input_mean") if facts.b("input_mean") > 0 else math.inf
+    lengths = facts.req_ratio("input_mean", math.inf)
     if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
         return None
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
-    keys_b, keys_c = facts.b("prefix_keys_per_request"), facts.c("prefix_keys_per_request")
+    keys_b, keys_c = (
+        facts.req_baseline("prefix_keys_per_request"),
+        facts.req_current("prefix_keys_per_request"),
+    )
     return make_finding(
         facts,
         CAUSE,
@@ -49,8 +52,8 @@ def evaluate(facts: Facts) -> Finding | None:
         evidence=[
             Evidence("cached_token_share", cb, cc),
             Evidence("prefix_keys_per_request", keys_b, keys_c),
-            Evidence("input_tokens_mean", facts.b("input_mean"), facts.c("input_mean")),
-            Evidence("prefill_s_mean", facts.b("prefill_mean"), facts.c("prefill_mean")),
+            Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
+            Evidence("prefill_s_mean", *facts.req_pair("prefill_mean")),
         ],
         lever=LEVER,
         summary=f"cached share of prompt tokens {cb:.0%} -> {cc:.0%} at unchanged prompt lengths",

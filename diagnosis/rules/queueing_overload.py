@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding
+from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import gaps_grew, make_finding, strength, ttft_share
 
 CAUSE = "queueing_overload"
@@ -24,27 +24,27 @@ def evaluate(facts: Facts) -> Finding | None:
     and no growth of the gaps between steps (`base.gaps_grew`)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "goodput", "tpot")
-    arrivals = facts.c("rate_rps") / facts.b("rate_rps") if facts.b("rate_rps") > 0 else math.nan
+    arrivals = facts.req_ratio("rate_rps", math.nan)
     if not symptoms or not arrivals >= cfg.arrival_ratio:
         return None
-    if not facts.c("queue_mean") > facts.b("queue_mean"):
+    if not facts.req_current("queue_mean") > facts.req_baseline("queue_mean"):
         return None
     if gaps_grew(facts):
         return None  # the loop stopped between steps with work waiting: a stall, not more work
     share = ttft_share(facts, "queue")
     evidence = [
-        Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),
-        Evidence("queue_s_mean", facts.b("queue_mean"), facts.c("queue_mean")),
-        Evidence("ttft_s_mean", facts.b("ttft_mean"), facts.c("ttft_mean")),
+        Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
+        Evidence("queue_s_mean", *facts.req_pair("queue_mean")),
+        Evidence("ttft_s_mean", *facts.req_pair("ttft_mean")),
     ]
     if facts.steps is not None:
         busy = [
             (get("busy_s") + get("work_gap_s")) / (get("seconds") * max(1.0, get("instances") or 1.0))
-            for get in (facts.sb, facts.sc)
+            for get in (facts.step_baseline, facts.step_current)
         ]
         evidence += [
             Evidence("step_loop_busy_share", busy[0], busy[1]),
-            Evidence("waiting_requests_mean", facts.sb("waiting_mean"), facts.sc("waiting_mean")),
+            Evidence("waiting_requests_mean", *facts.step_pair("waiting_mean")),
         ]
         if not busy[1] >= cfg.busy_share:
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import best, channel_dominates, make_finding, rpc_grew, strength
 
 CAUSE = "rpc_overhead"
@@ -26,23 +26,23 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     gaps between steps) over the mean TPOT change, or the RPC delay change over the mean TTFT change,
     whichever regressed and is best explained."""
     cfg = facts.config
-    if not (facts.b("with_rpc") > 0 and facts.c("with_rpc") > 0):
+    if not (facts.req_baseline("with_rpc") > 0 and facts.req_current("with_rpc") > 0):
         return NotEnoughData(CAUSE, "stepscope.rpc.delay_mean_s on llm_request (front-end RPC delay)")
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
-    rb, rc = facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")
+    rb, rc = facts.req_baseline("rpc_delay_mean"), facts.req_current("rpc_delay_mean")
     if not symptoms or not rpc_grew(facts):
         return None
-    gap = facts.sc("work_gap_mean") - facts.sb("work_gap_mean")
+    gap = facts.step_current("work_gap_mean") - facts.step_baseline("work_gap_mean")
     if not channel_dominates(facts):
         return None  # the gaps between steps grew far more: the loop stalled, the channel did not
     per_token = (rc - rb) + (gap if math.isfinite(gap) and gap > 0 else 0.0)
     # Every token crosses the channel: the delay's growth is its part of the mean TPOT change (which is
     # also how it reaches E2E, goodput and throughput) and, once, of the mean TTFT change.
     shares = [math.nan]
-    tpot_change = facts.c("tpot_mean") - facts.b("tpot_mean")
+    tpot_change = facts.req_current("tpot_mean") - facts.req_baseline("tpot_mean")
     if facts.regressed("tpot", "itl_max", "e2e", "throughput", "goodput") and tpot_change > 0:
         shares.append(min(1.0, per_token / tpot_change))
-    ttft_change = facts.c("ttft_mean") - facts.b("ttft_mean")
+    ttft_change = facts.req_current("ttft_mean") - facts.req_baseline("ttft_mean")
     if facts.regressed("ttft") and ttft_change > 0:
         shares.append(min(1.0, (rc - rb) / ttft_change))
     share = best(*shares)
@@ -55,9 +55,9 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         onset_series="rpc_delay_mean",
         evidence=[
             Evidence("rpc_delay_s_mean", rb, rc),
-            Evidence("rpc_delay_max_s_p99", facts.b("rpc_delay_max_p99"), facts.c("rpc_delay_max_p99")),
-            Evidence("gap_before_decode_step_s_mean", facts.sb("work_gap_mean"), facts.sc("work_gap_mean")),
-            Evidence("tpot_s_mean", facts.b("tpot_mean"), facts.c("tpot_mean")),
+            Evidence("rpc_delay_max_s_p99", *facts.req_pair("rpc_delay_max_p99")),
+            Evidence("gap_before_decode_step_s_mean", *facts.step_pair("work_gap_mean")),
+            Evidence("tpot_s_mean", *facts.req_pair("tpot_mean")),
         ],
         lever=LEVER,
         summary=f"front-end RPC delay per token {rb * 1e3:.2f} -> {rc * 1e3:.2f} ms",

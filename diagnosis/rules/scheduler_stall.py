@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
     channel_dominates,
     gaps_grew,
@@ -38,18 +38,18 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if missing := steps_missing(facts, CAUSE):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
-    gb, gc = facts.sb("work_gap_mean"), facts.sc("work_gap_mean")
+    gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")
     if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
     share = period_share(facts, "gaps")
     evidence = [
         Evidence("gap_before_decode_step_s_mean", gb, gc),
-        Evidence("gap_before_decode_step_s_p99", facts.sb("work_gap_p99"), facts.sc("work_gap_p99")),
-        Evidence("step_s_mean", facts.sb("step_mean"), facts.sc("step_mean")),
-        Evidence("arrival_rate_rps", facts.b("rate_rps"), facts.c("rate_rps")),
+        Evidence("gap_before_decode_step_s_p99", *facts.step_pair("work_gap_p99")),
+        Evidence("step_s_mean", *facts.step_pair("step_mean")),
+        Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
     ]
     if rpc_grew(facts) is not None:
-        evidence.append(Evidence("rpc_delay_s_mean", facts.b("rpc_delay_mean"), facts.c("rpc_delay_mean")))
+        evidence.append(Evidence("rpc_delay_s_mean", *facts.req_pair("rpc_delay_mean")))
     return make_finding(
         facts,
         CAUSE,

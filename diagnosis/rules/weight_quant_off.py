@@ -9,7 +9,7 @@ batch grew, at unchanged speed per batch size.
 from __future__ import annotations
 
 from diagnosis.facts import Facts
-from diagnosis.model import Evidence, Finding, NotEnoughData
+from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import make_finding, period_share, steps_missing, strength
 
 CAUSE = "weight_quant_off"
@@ -47,7 +47,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
             Evidence("weight_dtype", dtype_b, dtype_c),
             Evidence("step_time_ratio_at_equal_batch", 1.0, speed),
             Evidence("bytes_read_ratio_at_equal_batch", 1.0, bytes_ratio),
-            Evidence("batch_size_mean", facts.sb("batch_mean"), facts.sc("batch_mean")),
+            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
         ],
         lever=LEVER,
         summary=f"step time x{speed:.2f} at equal batch size; weights {dtype_b or '?'} -> {dtype_c or '?'}",

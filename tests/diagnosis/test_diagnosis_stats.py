@@ -64,7 +64,7 @@ def test_change_point_keeps_to_the_allowed_splits() -> None:
 
 
 def test_testable_splits_leave_enough_requests_on_both_sides() -> None:
-    from diagnosis.engine import testable_splits
+    from diagnosis.pipeline import testable_splits
 
     cfg = DiagnosisConfig()
     ok = testable_splits(np.r_[np.ones(100), np.full(20, np.nan)], cfg)  # 100 requests, none at the end

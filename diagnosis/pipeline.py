@@ -12,7 +12,7 @@ from diagnosis import facts as F
 from diagnosis import stats
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
-from diagnosis.model import Diagnosis, Finding, NotEnoughData
+from diagnosis.records import Diagnosis, Finding, NotEnoughData
 from diagnosis.regress import detect, slo, slo_met
 from diagnosis.rules import RULES
 from diagnosis.source import Source
@@ -166,12 +166,15 @@ def _data(facts: F.Facts, span: TimeRange) -> dict[str, object]:
     out: dict[str, object] = {
         "analysed": span.to_json(),
         "interval_s": facts.series.interval_s,
-        "requests": {"baseline": facts.b("requests"), "current": facts.c("requests")},
-        "steps": {"baseline": facts.sb("steps"), "current": facts.sc("steps")},
+        "requests": {"baseline": facts.req_baseline("requests"), "current": facts.req_current("requests")},
+        "steps": {"baseline": facts.step_baseline("steps"), "current": facts.step_current("steps")},
         "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
     }
     goodput = {}
-    for label, sample, get in (("baseline", facts.sample[0], facts.b), ("current", facts.sample[1], facts.c)):
+    for label, sample, get in (
+        ("baseline", facts.sample[0], facts.req_baseline),
+        ("current", facts.sample[1], facts.req_current),
+    ):
         met, n = slo_met(sample, ttft_slo, tpot_slo)
         goodput[label] = get("rate_rps") * met / n if n else math.nan
     out["goodput_rps"] = goodput
