@@ -158,7 +158,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from diagnosis.timerange import parse_time
+    from collector.timerange import parse_time
 
     try:
         since = parse_time(args.since)

@@ -18,6 +18,7 @@ from alerting.evaluator import Transition
 from alerting.notify import iso
 from alerting.queries import QuerySource, breakdown, breakdown_text, headline
 from alerting.rules import LATENCY_METRICS, Rule, fmt_duration, fmt_value
+from collector.client import ReadError
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,8 @@ TOP_FINDINGS = 3
 
 
 class DiagnosisSource:
-    """Presents a QuerySource as the diagnosis's Source (`description`, `query`, `close`), turning query
-    failures into the diagnosis's SourceError when that type exists."""
+    """Presents a QuerySource as a `collector.client.Reader` (`description`, `query`, `close`), the
+    diagnosis's read path, turning query failures into its ReadError."""
 
     def __init__(self, source: QuerySource, description: str) -> None:
         self._source = source
@@ -36,11 +37,7 @@ class DiagnosisSource:
         try:
             return self._source.query(sql, params or {})
         except Exception as e:
-            try:
-                from diagnosis.source import SourceError
-            except ImportError:
-                raise
-            raise SourceError(str(e)) from e
+            raise ReadError(str(e)) from e
 
     def close(self) -> None:
         """The wrapped source belongs to the caller."""
@@ -66,7 +63,7 @@ def run_diagnosis(
     """The diagnosis's findings (best first) and a note ("" when it ran). Never raises."""
     try:
         diagnose = _diagnose_function()
-        from diagnosis.timerange import TimeRange
+        from collector.timerange import TimeRange
     except Exception as e:  # not installed yet, or broken: the breakdown still goes out
         return [], f"diagnosis unavailable ({type(e).__name__}: {e})"
     box: dict[str, Any] = {}

@@ -24,9 +24,9 @@ import tempfile
 import time
 from typing import Any
 
+from collector.client import StoreReader
 from collector.store import QueryResult, Store
 from diagnosis import TimeRange, diagnose, queries
-from diagnosis.source import StoreSource
 
 T0 = 1_760_000_000
 SPAN_S = 3600
@@ -74,8 +74,8 @@ FROM (
 _QUERY_NAMES = {sql: name for name, sql in vars(queries).items() if name.isupper() and isinstance(sql, str)}
 
 
-class TimedSource(StoreSource):
-    """A StoreSource that records wall and CPU seconds of every query, by its name in diagnosis.queries."""
+class TimedSource(StoreReader):
+    """A StoreReader that records wall and CPU seconds of every query, by its name in diagnosis.queries."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)

@@ -5,8 +5,13 @@
     reader = open_reader(store="chdb://./stepscope-data")            # when none does (chDB: one process)
     result = reader.query("SELECT max(ttft_s) FROM requests WHERE service = {s:String}", {"s": "x"})
     result.columns, result.rows
+    reader.close()
 
-Both readers answer SELECTs only (the API runs them under readonly=1; the direct reader too).
+The one read path of the diagnosis, the alert evaluator's `--api` mode, the demo and the scenario tools.
+chDB allows one process per data directory, so while a collector holds a directory readers go through its
+`POST /api/sql`. Both readers answer SELECTs only (the API runs them under readonly=1; the direct reader
+too), with ClickHouse server-side parameters (`{name:Type}`): the API forwards `params` to ClickHouse's
+own binding, so no value is ever spliced into SQL text on either path. Every failure is a `ReadError`.
 """
 
 from __future__ import annotations
@@ -15,31 +20,51 @@ from typing import Any, Protocol
 
 import httpx
 
-from collector.store import QueryError, QueryResult, Store, StoreUnavailable
+from collector.store import QueryError, QueryResult, Store, StoreError, StoreUnavailable
+
+
+class ReadError(Exception):
+    """The reader cannot answer: unreachable collector, locked or broken store, refused query."""
 
 
 class Reader(Protocol):
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
+    """Runs read-only SQL and returns columns and rows."""
+
+    description: str
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> QueryResult: ...
 
     def close(self) -> None: ...
 
 
 class ApiReader:
-    """Queries a running collector's `POST /api/sql`."""
+    """A running collector's read-only `POST /api/sql` (its row cap applies)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 120.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.description = url.rstrip("/")
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+    def check(self) -> None:
+        """Raise ReadError unless the collector answers and its store is up."""
         try:
-            r = self._http.post("/api/sql", json={"sql": sql, "params": parameters})
+            r = self._http.get("/health")
         except httpx.HTTPError as e:
-            raise StoreUnavailable(f"collector at {self._http.base_url} unreachable: {e}") from e
-        if r.status_code == 400:
-            raise QueryError(r.json().get("error", r.text))
+            raise ReadError(f"collector at {self.description} unreachable: {e}") from e
+        if r.status_code != 200 or r.json().get("store") != "up":
+            raise ReadError(f"collector at {self.description} is not ready: {r.text[:200]}")
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> QueryResult:
+        try:
+            r = self._http.post("/api/sql", json={"sql": sql, "params": params or {}})
+        except httpx.HTTPError as e:
+            raise ReadError(f"collector at {self.description} unreachable: {e}") from e
         if r.status_code != 200:
-            raise StoreUnavailable(f"collector answered {r.status_code}: {r.text[:300]}")
+            try:
+                message = r.json().get("error") or r.text
+            except ValueError:
+                message = r.text
+            raise ReadError(f"collector answered {r.status_code}: {str(message)[:300]}")
         body = r.json()
         return QueryResult(body["columns"], body["rows"], bool(body.get("truncated")))
 
@@ -48,23 +73,41 @@ class ApiReader:
 
 
 class StoreReader:
-    """Queries the store directly, read-only (for when no collector holds a chDB directory)."""
+    """A store opened by DSN, queried under ClickHouse's readonly=1 (migrations are applied at open, as the
+    collector does, so columns added since the store was written exist)."""
 
-    def __init__(self, dsn: str, max_rows: int = 1_000_000, timeout_s: float = 300.0) -> None:
-        self._store = Store.open(dsn, migrate=False)
+    def __init__(self, store: Store, *, max_rows: int = 200_000, timeout_s: float = 300.0) -> None:
+        self._store = store
         self._limits = {"max_rows": max_rows, "timeout_s": timeout_s}
+        self.description = store.target.description
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
-        return self._store.query_readonly(sql, parameters=parameters, **self._limits)
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> QueryResult:
+        try:
+            return self._store.query_readonly(sql, parameters=params, **self._limits)
+        except (QueryError, StoreError) as e:
+            raise ReadError(str(e)) from e
 
     def close(self) -> None:
         self._store.close()
 
 
 def open_reader(*, url: str | None = None, store: str | None = None, token: str | None = None) -> Reader:
-    """A reader over the collector's API (`url`) or, without one, over the store (`store` DSN)."""
+    """A reader over a collector's API (`url`, checked healthy) or a store DSN (`chdb:///dir`,
+    `http://user:pass@host:8123/db`). Exactly one of `url` and `store`. Raises ValueError for bad
+    arguments, ReadError when unreachable."""
+    if bool(store) == bool(url):
+        raise ValueError("give exactly one of a store DSN or a collector API URL")
     if url:
-        return ApiReader(url, token)
-    if store:
-        return StoreReader(store)
-    raise ValueError("give the collector's url or a store DSN")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"collector API URL {url!r} must start with http:// or https://")
+        reader = ApiReader(url, token)
+        try:
+            reader.check()
+        except ReadError:
+            reader.close()
+            raise
+        return reader
+    try:
+        return StoreReader(Store.open(store or ""))
+    except (StoreError, StoreUnavailable) as e:
+        raise ReadError(str(e)) from e

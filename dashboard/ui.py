@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import pandas as pd
 import streamlit as st
 
+from collector.timerange import DataSpan, TimeRange
 from dashboard import data, queries, timerange
 from dashboard.config import DashboardConfig
-from dashboard.timerange import DataSpan, TimeRange
 
 T = TypeVar("T")
 _CTX_KEY = "stepscope_ctx"
@@ -94,7 +94,7 @@ def sidebar(cfg: DashboardConfig, span: DataSpan) -> TimeRange:
             if custom[1] <= custom[0]:
                 sb.warning("'To' must be after 'From'.")
     chosen = timerange.resolve(choice, time.time(), span, custom)
-    sb.caption(f"{_fmt(chosen.since)} to {_fmt(chosen.until)} UTC, {chosen.interval_s} s buckets")
+    sb.caption(f"{_fmt(chosen.start)} to {_fmt(chosen.end)} UTC, {chosen.interval_s} s buckets")
     if sb.toggle(f"Auto-refresh every {cfg.refresh_s} s", key="auto_refresh"):
         _refresher(cfg.refresh_s)
     if sb.button("Refresh now"):

@@ -13,10 +13,10 @@ import os
 import sys
 import time
 
+from collector.client import Reader, ReadError, open_reader
+from collector.timerange import TimeRange, parse_time
 from diagnosis.pipeline import diagnose
 from diagnosis.render import FORMATS, render
-from diagnosis.source import Source, SourceError, open_source
-from diagnosis.timerange import TimeRange, parse_time
 from stepscope.cli import UsageError
 
 TIME_HELP = "ISO 8601, unix seconds, or an ago-duration like 15m, 2h, 90s"
@@ -57,16 +57,16 @@ def _range(start: str | None, end: str | None, what: str, now: float) -> TimeRan
         raise UsageError(f"--{what}from/--{what}to: {e}") from None
 
 
-def open_from_args(args: argparse.Namespace) -> Source:
-    """The Source named by --store/--api, or UsageError."""
+def open_from_args(args: argparse.Namespace) -> Reader:
+    """The Reader named by --store/--api, or UsageError."""
     if bool(args.store) == bool(args.api):
         raise UsageError("give exactly one of --store DSN or --api URL")
     path = args.store[len("chdb://") :] if args.store and args.store.startswith("chdb://") else None
     if path and path not in ("memory", ":memory:") and not os.path.isdir(os.path.expanduser(path)):
         raise UsageError(f"no store at {args.store}")
     try:
-        return open_source(store=args.store, api=args.api, token=args.token)
-    except (ValueError, SourceError) as e:
+        return open_reader(store=args.store, url=args.api, token=args.token)
+    except (ValueError, ReadError) as e:
         raise UsageError(str(e)) from None
 
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     source = open_from_args(args)
     try:
         result = diagnose(source, window=window, baseline=baseline)
-    except SourceError as e:
+    except ReadError as e:
         raise UsageError(str(e)) from None
     finally:
         source.close()

@@ -1,5 +1,5 @@
 """Query results as small frames: what rules read. All SQL is in `diagnosis.queries`; this module runs it
-through a Source and shapes the answers (per-side aggregates, per-interval series, step shapes, samples)."""
+through a Reader and shapes the answers (per-side aggregates, per-interval series, step shapes, samples)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from collector.client import Reader
+from collector.timerange import TimeRange
 from diagnosis import queries, stats
 from diagnosis.config import DiagnosisConfig
 from diagnosis.frame import StepFrame
 from diagnosis.records import Regression
-from diagnosis.source import Source, num
-from diagnosis.timerange import TimeRange
 
 _FAR_FUTURE_NS = 9_000_000_000_000_000_000  # 2255: "no upper bound" for DateTime64(9)
 SAMPLE_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "tpot_max_s", "queue_s", "prefill_s", "kv_transfer_s")
@@ -124,13 +124,13 @@ def side_params(baseline: TimeRange, current: TimeRange) -> dict[str, int]:
     return {"b0": baseline.start_ns, "b1": baseline.end_ns, "c0": current.start_ns, "c1": current.end_ns}
 
 
-def bounds(source: Source, span: TimeRange | None) -> dict[str, float]:
+def bounds(source: Reader, span: TimeRange | None) -> dict[str, float]:
     """Requests and steps in `span` (the whole store when None), with the first and last request time."""
     row = source.query(queries.BOUNDS, span_params(span)).dicts()[0]
     return {k: num(v) for k, v in row.items()}
 
 
-def series(source: Source, span: TimeRange, interval_s: float) -> Series:
+def series(source: Reader, span: TimeRange, interval_s: float) -> Series:
     """Request and step series per interval over `span`, aligned on one index."""
     iv_ms = max(1, round(interval_s * 1000))
     params = span_params(span) | {"t0_ms": span.start_ns // 1_000_000, "iv_ms": iv_ms}
@@ -158,7 +158,7 @@ def _two_sides(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, An
     return by_side.get(0, {}), by_side.get(1, {})
 
 
-def request_sides(source: Source, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict]:
+def request_sides(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict]:
     """Per-side request aggregates; `seconds` and `rate_rps` added from the window lengths."""
     b, c = _two_sides(source.query(queries.REQUEST_SIDES, side_params(baseline, current)).dicts())
     for side, window in ((b, baseline), (c, current)):
@@ -172,7 +172,7 @@ def request_sides(source: Source, baseline: TimeRange, current: TimeRange) -> tu
 
 
 def request_sample(
-    source: Source, baseline: TimeRange, current: TimeRange, n_b: float, n_c: float, per_side: int
+    source: Reader, baseline: TimeRange, current: TimeRange, n_b: float, n_c: float, per_side: int
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Up to `per_side` requests per side, picked by span-id hash, as numeric columns."""
 
@@ -193,7 +193,7 @@ def request_sample(
 
 
 def step_sides(
-    source: Source,
+    source: Reader,
     baseline: TimeRange,
     current: TimeRange,
     intervals: tuple[StepFrame, tuple[int, int, int]] | None = None,
@@ -219,3 +219,13 @@ def step_sides(
         side.setdefault("weight_dtype_top", "")
         side["seconds"] = window.seconds
     return (b, c), [row for s, mask in enumerate(masks) for row in frame.shape(mask, s)]
+
+
+def num(value: Any) -> float:
+    """A query value as float; NULL, NaN (the API's null) and non-numbers read as NaN."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

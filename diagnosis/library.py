@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from collector.client import Reader
 from collector.store import QueryResult
+from collector.timerange import parse_time
 from diagnosis import queries
-from diagnosis.source import Source
-from diagnosis.timerange import parse_time
 
 _FAR_FUTURE_NS = 9_000_000_000_000_000_000
 LATENCY_COLUMNS = (
@@ -132,7 +132,7 @@ def bind(query: NamedQuery, values: dict[str, str], now: float) -> dict[str, Any
     return out
 
 
-def run(source: Source, name: str, values: dict[str, str], now: float) -> QueryResult:
+def run(source: Reader, name: str, values: dict[str, str], now: float) -> QueryResult:
     """Run library query `name` with `values`; KeyError for an unknown name, ValueError for bad values."""
     query = LIBRARY[name]
     return source.query(query.sql, bind(query, values, now))

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from collector.client import Reader
+from collector.timerange import TimeRange
 from diagnosis import facts as F
 from diagnosis import stats
 from diagnosis.config import DiagnosisConfig
@@ -15,8 +17,6 @@ from diagnosis.decompose import decompose
 from diagnosis.records import Diagnosis, Finding, NotEnoughData
 from diagnosis.regress import detect, slo, slo_met
 from diagnosis.rules import RULES
-from diagnosis.source import Source
-from diagnosis.timerange import TimeRange
 
 # Series the change point looks at when no baseline is given: symptoms (log scale) and the evidence that
 # usually moves first. A healthy run's split lands anywhere; the regression tests then find nothing.
@@ -81,7 +81,7 @@ def testable_splits(requests: np.ndarray, cfg: DiagnosisConfig) -> np.ndarray | 
 
 
 def diagnose(
-    source: Source,
+    source: Reader,
     window: TimeRange | None = None,
     baseline: TimeRange | None = None,
     config: DiagnosisConfig | None = None,
@@ -143,7 +143,7 @@ def diagnose(
 
 
 def gather(
-    source: Source,
+    source: Reader,
     baseline: TimeRange,
     current: TimeRange,
     series: F.Series,

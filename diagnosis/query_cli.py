@@ -10,9 +10,9 @@ import json
 import sys
 import time
 
+from collector.client import ReadError
 from diagnosis import library
 from diagnosis.cli import add_source_arguments, open_from_args
-from diagnosis.source import SourceError
 from stepscope.cli import UsageError
 
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     source = open_from_args(args)
     try:
         result = source.query(query.sql, params)
-    except SourceError as e:
+    except ReadError as e:
         raise UsageError(str(e)) from None
     finally:
         source.close()

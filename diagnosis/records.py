@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnosis.timerange import TimeRange
+from collector.timerange import TimeRange
 
 
 def clean(value: Any, digits: int = 6) -> Any:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from collector.timerange import iso
 from diagnosis.records import Diagnosis
-from diagnosis.timerange import iso
 
 FORMATS = ("text", "json", "md")
 

@@ -198,14 +198,14 @@ def _diagnose_in_child(run_dir: Path) -> dict[str, Any]:
 
 def diagnose_run(run_dir: Path) -> dict[str, Any]:
     """Both diagnoses of one run: `{"no_baseline": Diagnosis JSON, "baseline": Diagnosis JSON}`."""
+    from collector.client import open_reader
+    from collector.timerange import TimeRange
     from diagnosis.pipeline import diagnose
-    from diagnosis.source import open_source
-    from diagnosis.timerange import TimeRange
 
     truth = json.loads((run_dir / "truth.json").read_text())
     start, end = truth["start"], truth["end"]
     split = truth["onset"] or (start + end) / 2
-    source = open_source(store=truth["store"])
+    source = open_reader(store=truth["store"])
     try:
         whole = diagnose(source, window=TimeRange(start, end))
         given = diagnose(source, window=TimeRange(split, end), baseline=TimeRange(start, split))

@@ -338,10 +338,11 @@ class Demo:
             self.alert.peak = max(self.alert.peak, p99)
 
     def _diagnose(self, start: float, end: float, onset: float | None) -> None:
-        from diagnosis import TimeRange, diagnose, open_source, render
+        from collector.client import open_reader
+        from diagnosis import TimeRange, diagnose, render
 
         say("\n[5/5] diagnosis: the whole run, no baseline given (stepscope finds the change point itself)")
-        source = open_source(api=self.collector_url)
+        source = open_reader(url=self.collector_url)
         try:
             result = diagnose(source, window=TimeRange(start, end))
         finally:

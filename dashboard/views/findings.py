@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from collector.timerange import TimeRange
 from dashboard import charts, data, findings, queries, ui
-from dashboard.timerange import TimeRange
 
 BEFORE = "the same length just before the range"
 CHANGE_POINT = "a change point inside the range (found by the diagnosis)"
@@ -50,7 +50,7 @@ def clip(ctx: ui.Context) -> TimeRange:
     span, r = ctx.span, ctx.range
     if span.empty or span.first is None or span.last is None:
         return r
-    since, until = max(r.since, float(int(span.first))), min(r.until, float(int(span.last) + 1))
+    since, until = max(r.start, float(int(span.first))), min(r.end, float(int(span.last) + 1))
     return TimeRange(since, until, r.label, r.note) if until > since else r
 
 
@@ -149,7 +149,7 @@ def render(ctx: ui.Context) -> None:
     if chosen is None:
         return
     window, baseline = chosen
-    asked = ((window.since, window.until), (baseline.since, baseline.until) if baseline else None)
+    asked = ((window.start, window.end), (baseline.start, baseline.end) if baseline else None)
     try:
         result = findings.diagnose(ctx.api, *asked)
     except findings.DiagnosisUnavailable as e:

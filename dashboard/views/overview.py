@@ -66,7 +66,7 @@ def tiles(ctx: ui.Context) -> None:
     _latency_tile(c2, "P99 TPOT", _num(row["p99_tpot_s"]), ctx.cfg.slo_tpot_s)
     first, last = ui.epoch(row["first"]), ui.epoch(row["last"])
     # rates per second of traffic: from the first start to the last completion inside the range
-    seconds = max(1.0, min(last, ctx.range.until) - first) if first and last else ctx.range.duration_s
+    seconds = max(1.0, min(last, ctx.range.end) - first) if first and last else ctx.range.seconds
     meeting = int(row["meeting_slo"])
     c3.metric(
         "Goodput",
@@ -91,8 +91,8 @@ def latency_charts(ctx: ui.Context) -> None:
         "latency percentiles",
         data.percentiles,
         ctx.api,
-        ctx.range.since,
-        ctx.range.until,
+        ctx.range.start,
+        ctx.range.end,
         ctx.range.interval_s,
     )
     if not ui.has_rows(df, "No requests in this time range: choose a wider range in the sidebar."):

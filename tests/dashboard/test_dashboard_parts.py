@@ -8,39 +8,39 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from collector.timerange import DataSpan, TimeRange
 from dashboard import bench, timerange, waterfall
 from dashboard.config import DashboardConfig
-from dashboard.timerange import DataSpan, TimeRange
 
 NOW = 1_800_000_000.0
 
 
 def test_auto_range_is_the_last_15_minutes_when_they_hold_requests() -> None:
     r = timerange.resolve(timerange.AUTO, NOW, DataSpan(10, NOW - 100, NOW - 5))
-    assert (r.since, r.until, r.note) == (NOW - 900, NOW, None)
+    assert (r.start, r.end, r.note) == (NOW - 900, NOW, None)
     assert r.interval_s == 5  # about 30 buckets over the ~95 s of data, not over 15 minutes
 
 
 def test_auto_range_falls_back_to_the_stored_span_and_says_so() -> None:
     r = timerange.resolve(timerange.AUTO, NOW, DataSpan(10, NOW - 7200.5, NOW - 7100.2))
-    assert (r.since, r.until) == (NOW - 7201, NOW - 7100)
+    assert (r.start, r.end) == (NOW - 7201, NOW - 7100)
     assert r.note and "stored data" in r.note
 
 
 def test_presets_custom_and_all() -> None:
     span = DataSpan(3, NOW - 50_000, NOW - 10)
-    assert timerange.resolve("Last 1 h", NOW, span).since == NOW - 3600
-    assert timerange.resolve(timerange.ALL, NOW, span).since == NOW - 50_000
-    assert timerange.resolve(timerange.CUSTOM, NOW, span, (NOW - 60, NOW - 30)).duration_s == 30
+    assert timerange.resolve("Last 1 h", NOW, span).start == NOW - 3600
+    assert timerange.resolve(timerange.ALL, NOW, span).start == NOW - 50_000
+    assert timerange.resolve(timerange.CUSTOM, NOW, span, (NOW - 60, NOW - 30)).seconds == 30
     # a custom range that is not a range falls back to auto rather than failing
     assert timerange.resolve(timerange.CUSTOM, NOW, span, (NOW, NOW - 30)).label == "last 15 min"
 
 
 def test_baseline_is_the_span_just_before() -> None:
     r = TimeRange(100.0, 160.0, "x")
-    assert (r.before().since, r.before().until) == (40.0, 100.0)
+    assert (r.before().start, r.before().end) == (40.0, 100.0)
     first, second = r.halves()
-    assert (first.until, second.since) == (130.0, 130.0)
+    assert (first.end, second.start) == (130.0, 130.0)
     with pytest.raises(ValueError):
         TimeRange(5.0, 5.0, "empty")
 

@@ -9,8 +9,8 @@ import math
 import pytest
 from diag_scenarios import DURATION_S, SCENARIOS, placed
 
+from collector.client import StoreReader
 from diagnosis import CAUSES, TimeRange, diagnose
-from diagnosis.source import StoreSource
 
 FAULTS = [name for name, (_, cause) in SCENARIOS.items() if cause and not name.startswith("vllm")]
 HEALTHY = [name for name, (_, cause) in SCENARIOS.items() if cause is None]
@@ -32,7 +32,7 @@ def test_every_cause_has_a_scenario() -> None:
 
 
 @pytest.mark.parametrize("name", FAULTS)
-def test_the_fault_is_the_top_finding_without_a_baseline(scenario_source: StoreSource, name: str) -> None:
+def test_the_fault_is_the_top_finding_without_a_baseline(scenario_source: StoreReader, name: str) -> None:
     result = diagnose(scenario_source, window=whole(name)).to_json()
     assert result["regressions"], "the fault must regress a symptom"
     top = result["findings"][0]
@@ -45,7 +45,7 @@ def test_the_fault_is_the_top_finding_without_a_baseline(scenario_source: StoreS
 
 
 @pytest.mark.parametrize("name", FAULTS)
-def test_the_fault_is_the_top_finding_with_a_given_baseline(scenario_source: StoreSource, name: str) -> None:
+def test_the_fault_is_the_top_finding_with_a_given_baseline(scenario_source: StoreReader, name: str) -> None:
     before, after = halves(name)
     result = diagnose(scenario_source, window=after, baseline=before).to_json()
     assert result["findings"][0]["cause"] == SCENARIOS[name][1]
@@ -54,7 +54,7 @@ def test_the_fault_is_the_top_finding_with_a_given_baseline(scenario_source: Sto
     assert rows
 
 
-def test_a_baseline_past_the_onset_still_sees_the_raised_limit(scenario_source: StoreSource) -> None:
+def test_a_baseline_past_the_onset_still_sees_the_raised_limit(scenario_source: StoreReader) -> None:
     """A change point a few seconds late puts some steps at the new max_num_seqs in the baseline."""
     before, after = halves("oversized_batch")
     late = before.end + 4
@@ -67,7 +67,7 @@ def test_a_baseline_past_the_onset_still_sees_the_raised_limit(scenario_source: 
     assert limit["baseline"] < 8 < limit["current"]
 
 
-def test_a_bigger_batch_s_own_rpc_delay_is_not_blamed_on_the_channel(scenario_source: StoreSource) -> None:
+def test_a_bigger_batch_s_own_rpc_delay_is_not_blamed_on_the_channel(scenario_source: StoreReader) -> None:
     """Bigger batches make bigger output frames (the RPC delay per token grows a little): that small part
     of the TPOT change must not become an rpc_overhead finding."""
     for baseline in (None, halves("oversized_batch")[0]):
@@ -76,7 +76,7 @@ def test_a_bigger_batch_s_own_rpc_delay_is_not_blamed_on_the_channel(scenario_so
         assert causes[0] == "oversized_batch" and "rpc_overhead" not in causes
 
 
-def test_evidence_says_what_moved(scenario_source: StoreSource) -> None:
+def test_evidence_says_what_moved(scenario_source: StoreReader) -> None:
     before, after = halves("prefix_cache_miss")
     finding = diagnose(scenario_source, window=after, baseline=before).findings[0]
     evidence = {e.metric: e for e in finding.evidence}
@@ -89,14 +89,14 @@ def test_evidence_says_what_moved(scenario_source: StoreSource) -> None:
 
 
 @pytest.mark.parametrize("name", HEALTHY)
-def test_healthy_runs_give_no_finding(scenario_source: StoreSource, name: str) -> None:
+def test_healthy_runs_give_no_finding(scenario_source: StoreReader, name: str) -> None:
     assert diagnose(scenario_source, window=whole(name)).findings == ()
     before, after = halves(name)
     assert diagnose(scenario_source, window=after, baseline=before).findings == ()
     assert diagnose(scenario_source, window=before, baseline=after).findings == ()
 
 
-def test_vllm_shaped_trace_gives_request_level_findings_only(scenario_source: StoreSource) -> None:
+def test_vllm_shaped_trace_gives_request_level_findings_only(scenario_source: StoreReader) -> None:
     before, after = halves("vllm_overload")
     result = diagnose(scenario_source, window=after, baseline=before).to_json()
     assert {"ttft_p50", "ttft_p99"} <= {r["metric"] for r in result["regressions"]}
@@ -114,7 +114,7 @@ def test_vllm_shaped_trace_gives_request_level_findings_only(scenario_source: St
     assert {"weight_quant_off", "rpc_overhead"} <= lacking
 
 
-def test_decomposition_adds_up(scenario_source: StoreSource) -> None:
+def test_decomposition_adds_up(scenario_source: StoreReader) -> None:
     before, after = halves("oversized_batch")
     period = diagnose(scenario_source, window=after, baseline=before).decomposition["step_period"]
     parts = sum(v for k, v in period["delta"].items() if k != "period")
@@ -122,6 +122,6 @@ def test_decomposition_adds_up(scenario_source: StoreSource) -> None:
     assert period["share"]["batch_size"] > 0.5
 
 
-def test_an_empty_window_says_so(scenario_source: StoreSource) -> None:
+def test_an_empty_window_says_so(scenario_source: StoreReader) -> None:
     result = diagnose(scenario_source, window=TimeRange(1_000_000_000, 1_000_000_100))
     assert result.findings == () and result.notes == ("no requests in the window",)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from collector.timerange import TimeRange, parse_time
 from diagnosis import queries, stats
 from diagnosis.config import DiagnosisConfig
-from diagnosis.timerange import TimeRange, parse_time
 
 
 def test_mann_whitney_matches_the_textbook_example() -> None:
