@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from alerting.evaluator import Observation
 from alerting.rules import LATENCY_METRICS, Rule, fmt_duration
+from collector.sqlfn import QUANTILE
 from collector.store import QueryResult
 
 NO_LIMIT_S = 1e300  # a goodput SLO bound left unset
@@ -26,7 +27,7 @@ _FILTER_SQL = {
 
 class QuerySource(Protocol):
     """Anything that runs read-only SQL with `{name:Type}` parameters: the store's read path, a collector's
-    `/api/sql` (collector.client.ApiReader), or a diagnosis Source."""
+    `/api/sql` (collector.client.ApiReader), or any collector.client.Reader."""
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None, /) -> QueryResult: ...
 
@@ -59,7 +60,7 @@ def observe(rule: Rule, source: QuerySource, now: float) -> Observation:
     if rule.metric in LATENCY_METRICS:
         col = LATENCY_METRICS[rule.metric]
         params["q"] = rule.percentile / 100.0
-        sql = f"SELECT countIf(isNotNull({col})), quantileExact({{q:Float64}})({col}) FROM requests{where}"
+        sql = f"SELECT countIf(isNotNull({col})), {QUANTILE}({{q:Float64}})({col}) FROM requests{where}"
     elif rule.metric == "error_rate":
         sql = f"SELECT count(), avg(is_error) FROM requests{where}"
     elif rule.metric == "throughput":

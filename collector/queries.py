@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from collector.sqlfn import QUANTILES, bucket
+
 # filter name -> (SQL condition, parameter type). Only these can appear in a WHERE clause.
 REQUEST_FILTERS: dict[str, tuple[str, str]] = {
     "since": ("time >= fromUnixTimestamp64Nano(toInt64({since:Float64} * 1e9))", "Float64"),
@@ -99,14 +101,14 @@ def percentiles(
     params["interval_s"] = interval_s
     params["limit"] = limit
     aggregates = ", ".join(
-        f"quantilesExact(0.5, 0.9, 0.99)({m}) AS q_{m}, "
+        f"{QUANTILES}(0.5, 0.9, 0.99)({m}) AS q_{m}, "
         f"q_{m}[1] AS p50_{m}, q_{m}[2] AS p90_{m}, q_{m}[3] AS p99_{m}"
         for m in metrics
     )
     columns = ", ".join(f"p50_{m}, p90_{m}, p99_{m}" for m in metrics)
     text = (
         f"SELECT bucket, requests, {columns} FROM ("
-        "SELECT toStartOfInterval(time, toIntervalSecond({interval_s:UInt32})) AS bucket, "
+        f"SELECT {bucket()} AS bucket, "
         "count() AS requests, "
         f"{aggregates} FROM requests{where} GROUP BY bucket) ORDER BY bucket LIMIT {{limit:UInt32}}"
     )

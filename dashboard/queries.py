@@ -6,11 +6,13 @@ Text is constant; every value is a ClickHouse query parameter (`{name:Type}`). T
 
 from __future__ import annotations
 
+from collector.sqlfn import QUANTILE, bucket
+
 _RANGE = (
     "time >= fromUnixTimestamp64Nano(toInt64({since:Float64} * 1e9)) "
     "AND time < fromUnixTimestamp64Nano(toInt64({until:Float64} * 1e9))"
 )
-_BUCKET = "toStartOfInterval(time, toIntervalSecond({interval_s:UInt32}))"
+_BUCKET = bucket()
 # a request meets the SLO when it completed without error within both targets (loadgen's definition;
 # a one-token request has no TPOT and passes that half)
 _MEETS_SLO = (
@@ -23,8 +25,8 @@ DATA_SPAN = "SELECT count() AS requests, min(time) AS first, max(time) AS last F
 # Overview tiles over the range
 SUMMARY = f"""
 SELECT count() AS requests,
-       quantileExact(0.5)(ttft_s) AS p50_ttft_s, quantileExact(0.99)(ttft_s) AS p99_ttft_s,
-       quantileExact(0.5)(tpot_s) AS p50_tpot_s, quantileExact(0.99)(tpot_s) AS p99_tpot_s,
+       {QUANTILE}(0.5)(ttft_s) AS p50_ttft_s, {QUANTILE}(0.99)(ttft_s) AS p99_ttft_s,
+       {QUANTILE}(0.5)(tpot_s) AS p50_tpot_s, {QUANTILE}(0.99)(tpot_s) AS p99_tpot_s,
        countIf({_MEETS_SLO}) AS meeting_slo, countIf(is_error) AS errors,
        sum(output_tokens) AS output_tokens,
        min(time) AS first, max(end_time) AS last
@@ -83,8 +85,8 @@ SELECT {_BUCKET} AS bucket, count() AS steps,
        avg(prefill_tokens + decode_tokens) AS tokens_per_step,
        sum(prefill_tokens) / {{interval_s:UInt32}} AS prefill_tokens_per_s,
        sum(decode_tokens) / {{interval_s:UInt32}} AS decode_tokens_per_s,
-       quantileExact(0.5)(duration_s) * 1000 AS p50_step_ms,
-       quantileExact(0.99)(duration_s) * 1000 AS p99_step_ms,
+       {QUANTILE}(0.5)(duration_s) * 1000 AS p50_step_ms,
+       {QUANTILE}(0.99)(duration_s) * 1000 AS p99_step_ms,
        avg(gap_s) * 1000 AS gap_ms,
        avgIf(kv_blocks_used / kv_blocks_total, kv_blocks_total > 0) AS kv_usage,
        sum(preemptions) AS preemptions
@@ -94,8 +96,8 @@ FROM steps WHERE {_RANGE} GROUP BY bucket ORDER BY bucket
 # Engine page: step time against batch size (the memory-bound -> compute-bound bend)
 STEP_TIME_BY_BATCH = f"""
 SELECT batch_size, if(prefill_tokens > 0, 'with prefill', 'decode only') AS kind, count() AS steps,
-       quantileExact(0.5)(duration_s) * 1000 AS p50_step_ms,
-       quantileExact(0.9)(duration_s) * 1000 AS p90_step_ms,
+       {QUANTILE}(0.5)(duration_s) * 1000 AS p50_step_ms,
+       {QUANTILE}(0.9)(duration_s) * 1000 AS p90_step_ms,
        avg(prefill_tokens + decode_tokens) AS tokens_per_step
 FROM steps WHERE {_RANGE} AND batch_size > 0
 GROUP BY batch_size, kind ORDER BY batch_size, kind
@@ -112,13 +114,13 @@ GROUP BY bucket, counter ORDER BY bucket, counter
 # Capacity page: the capacity curve from traffic. Per bucket of completions: throughput, and the mean
 # number in flight by Little's law (L = completions per second x mean E2E).
 TRAFFIC_CAPACITY = f"""
-SELECT toStartOfInterval(end_time, toIntervalSecond({{interval_s:UInt32}})) AS bucket,
+SELECT {bucket("end_time")} AS bucket,
        count() AS completed,
        count() / {{interval_s:UInt32}} AS requests_per_s,
        countIf({_MEETS_SLO}) / {{interval_s:UInt32}} AS goodput_per_s,
        sum(output_tokens) / {{interval_s:UInt32}} AS output_tokens_per_s,
        count() / {{interval_s:UInt32}} * avg(e2e_s) AS in_flight,
-       quantileExact(0.99)(ttft_s) * 1000 AS p99_ttft_ms
+       {QUANTILE}(0.99)(ttft_s) * 1000 AS p99_ttft_ms
 FROM requests
 WHERE end_time >= fromUnixTimestamp64Nano(toInt64({{since:Float64}} * 1e9))
   AND end_time < fromUnixTimestamp64Nano(toInt64({{until:Float64}} * 1e9))

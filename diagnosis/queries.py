@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import re
 
+from collector.sqlfn import QUANTILE, QUANTILE_IF, bucket
+
 _IN = "(time >= fromUnixTimestamp64Nano({%s:Int64}) AND time < fromUnixTimestamp64Nano({%s:Int64}))"
 _CURRENT = _IN % ("c0", "c1")
 _BASELINE = _IN % ("b0", "b1")
@@ -36,9 +38,9 @@ REQUEST_SERIES = f"""
 SELECT {_BUCKET},
        count() AS requests,
        avg(ttft_s) AS ttft_mean,
-       quantile(0.9)(ttft_s) AS ttft_p90,
+       {QUANTILE}(0.9)(ttft_s) AS ttft_p90,
        avg(tpot_s) AS tpot_mean,
-       quantile(0.9)(tpot_s) AS tpot_p90,
+       {QUANTILE}(0.9)(tpot_s) AS tpot_p90,
        avg(e2e_s) AS e2e_mean,
        avg(queue_s) AS queue_mean,
        avg(prefill_s) AS prefill_mean,
@@ -115,10 +117,10 @@ STEP_FRAME_BY_SIDE = _STEP_FRAME.replace("{key}", _SIDE.removesuffix(" AS side")
 STEP_SIDE_QUANTILES = f"""
 SELECT {_SIDE},
        uniq(instance) AS instances,
-       quantileIf(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
-       quantile(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
-       quantile(0.9)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p90,
-       quantileIf(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99
+       {QUANTILE_IF}(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
+       {QUANTILE}(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
+       {QUANTILE}(0.9)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p90,
+       {QUANTILE_IF}(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99
 FROM steps
 WHERE {_SIDES_WHERE}
 GROUP BY side
@@ -138,13 +140,13 @@ SELECT {_SIDE},
        count(prefill_s) AS with_prefill,
        count(rpc_delay_s) AS with_rpc,
        countIf(kv_transfer_s > 0) AS with_kv_transfer,
-       quantile(0.5)(ttft_s) AS ttft_p50,
-       quantile(0.99)(ttft_s) AS ttft_p99,
-       quantile(0.5)(tpot_s) AS tpot_p50,
-       quantile(0.99)(tpot_s) AS tpot_p99,
-       quantile(0.5)(e2e_s) AS e2e_p50,
-       quantile(0.99)(e2e_s) AS e2e_p99,
-       quantile(0.99)(tpot_max_s) AS itl_max_p99,
+       {QUANTILE}(0.5)(ttft_s) AS ttft_p50,
+       {QUANTILE}(0.99)(ttft_s) AS ttft_p99,
+       {QUANTILE}(0.5)(tpot_s) AS tpot_p50,
+       {QUANTILE}(0.99)(tpot_s) AS tpot_p99,
+       {QUANTILE}(0.5)(e2e_s) AS e2e_p50,
+       {QUANTILE}(0.99)(e2e_s) AS e2e_p99,
+       {QUANTILE}(0.99)(tpot_max_s) AS itl_max_p99,
        avg(ttft_s) AS ttft_mean,
        avg(tpot_s) AS tpot_mean,
        avg(e2e_s) AS e2e_mean,
@@ -153,10 +155,10 @@ SELECT {_SIDE},
        avg(kv_transfer_s) AS kv_transfer_mean,
        avg(decode_s) AS decode_mean,
        avg(rpc_delay_s) AS rpc_delay_mean,
-       quantile(0.99)(rpc_delay_max_s) AS rpc_delay_max_p99,
+       {QUANTILE}(0.99)(rpc_delay_max_s) AS rpc_delay_max_p99,
        avg(input_tokens) AS input_mean,
-       quantile(0.5)(input_tokens) AS input_p50,
-       quantile(0.9)(input_tokens) AS input_p90,
+       {QUANTILE}(0.5)(input_tokens) AS input_p50,
+       {QUANTILE}(0.9)(input_tokens) AS input_p90,
        avg(input_tokens - cached_tokens) AS uncached_mean,
        avg(output_tokens) AS output_mean,
        sum(output_tokens) AS output_tokens_sum,
@@ -200,9 +202,9 @@ COMPARE = f"""
 SELECT if({_IN % ("b_from", "b_to")}, 'b', 'a') AS window,
        count() AS requests,
        round(avg(is_error), 4) AS error_rate,
-       round(quantile(0.5)(ttft_s), 4) AS ttft_p50, round(quantile(0.99)(ttft_s), 4) AS ttft_p99,
-       round(quantile(0.5)(tpot_s), 4) AS tpot_p50, round(quantile(0.99)(tpot_s), 4) AS tpot_p99,
-       round(quantile(0.99)(e2e_s), 4) AS e2e_p99,
+       round({QUANTILE}(0.5)(ttft_s), 4) AS ttft_p50, round({QUANTILE}(0.99)(ttft_s), 4) AS ttft_p99,
+       round({QUANTILE}(0.5)(tpot_s), 4) AS tpot_p50, round({QUANTILE}(0.99)(tpot_s), 4) AS tpot_p99,
+       round({QUANTILE}(0.99)(e2e_s), 4) AS e2e_p99,
        round(avg(queue_s), 4) AS queue_mean, round(avg(prefill_s), 4) AS prefill_mean,
        round(avg(decode_s), 4) AS decode_mean,
        round(avg(input_tokens), 1) AS input_mean, round(avg(output_tokens), 1) AS output_mean,
@@ -223,7 +225,7 @@ LIMIT 2000
 """
 
 CACHE_HIT_RATE = f"""
-SELECT toUnixTimestamp(toStartOfInterval(time, toIntervalSecond({{interval_s:UInt32}}))) AS bucket_s,
+SELECT toUnixTimestamp({bucket()}) AS bucket_s,
        count() AS requests,
        round(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 3) AS cached_share,
        uniqExact(prefix_key) AS prefix_keys,
@@ -237,8 +239,8 @@ ORDER BY bucket_s
 
 STEP_TIME_BY_BATCH = f"""
 SELECT batch_size, count() AS steps,
-       round(quantile(0.5)(duration_s) * 1e3, 2) AS step_ms_p50,
-       round(quantile(0.99)(duration_s) * 1e3, 2) AS step_ms_p99,
+       round({QUANTILE}(0.5)(duration_s) * 1e3, 2) AS step_ms_p50,
+       round({QUANTILE}(0.99)(duration_s) * 1e3, 2) AS step_ms_p99,
        round(avg(gap_s) * 1e3, 3) AS gap_ms_mean,
        round(avg(prefill_tokens), 1) AS prefill_tokens_mean,
        round(avg(decode_tokens), 1) AS decode_tokens_mean,
@@ -251,7 +253,7 @@ ORDER BY batch_size
 
 # --- evidence queries attached to findings (rendered with literal numbers by `render`) ----------------
 _EVIDENCE_HEAD = (
-    "SELECT toStartOfInterval(time, toIntervalSecond({iv:UInt32})) AS t, {cols} FROM {table} "
+    f"SELECT {bucket(width='iv')} AS t, {{cols}} FROM {{table}} "
     "WHERE time >= fromUnixTimestamp64Nano({t0:Int64}) AND time < fromUnixTimestamp64Nano({t1:Int64}) "
     "GROUP BY t ORDER BY t"
 )
@@ -264,13 +266,13 @@ _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "long_prompts": (
         "requests",
-        "count() AS requests, avg(input_tokens) AS input_mean, quantile(0.9)(input_tokens) AS input_p90, "
+        f"count() AS requests, avg(input_tokens) AS input_mean, {QUANTILE}(0.9)(input_tokens) AS input_p90, "
         "avg(prefill_s) AS prefill_mean, avg(queue_s) AS queue_mean",
     ),
     "queueing_overload": (
         "requests",
         "count() AS requests, avg(queue_s) AS queue_mean, avg(prefill_s) AS prefill_mean, "
-        "quantile(0.99)(ttft_s) AS ttft_p99",
+        f"{QUANTILE}(0.99)(ttft_s) AS ttft_p99",
     ),
     "oversized_batch": (
         "steps",
@@ -290,7 +292,7 @@ _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "scheduler_stall": (
         "steps",
-        "avgIf(gap_s, decode_tokens > 0) AS work_gap_mean, quantileIf(0.99)(gap_s, decode_tokens > 0) AS "
+        f"avgIf(gap_s, decode_tokens > 0) AS work_gap_mean, {QUANTILE_IF}(0.99)(gap_s, decode_tokens > 0) AS "
         "work_gap_p99, avg(duration_s) AS step_mean, count() AS steps",
     ),
     "rpc_overhead": (

@@ -13,29 +13,30 @@ from pathlib import Path
 from typing import Any
 
 from collector.client import open_reader
+from collector.sqlfn import QUANTILE
 
-_REQUESTS = """
+_REQUESTS = f"""
 SELECT count() AS requests,
-       quantile(0.5)(ttft_s) AS ttft_p50, quantile(0.99)(ttft_s) AS ttft_p99,
-       quantile(0.5)(tpot_s) AS tpot_p50, quantile(0.99)(tpot_s) AS tpot_p99,
-       quantile(0.99)(tpot_max_s) AS itl_max_p99,
-       quantile(0.99)(queue_s) AS queue_p99, avg(input_tokens) AS prompt_mean,
+       {QUANTILE}(0.5)(ttft_s) AS ttft_p50, {QUANTILE}(0.99)(ttft_s) AS ttft_p99,
+       {QUANTILE}(0.5)(tpot_s) AS tpot_p50, {QUANTILE}(0.99)(tpot_s) AS tpot_p99,
+       {QUANTILE}(0.99)(tpot_max_s) AS itl_max_p99,
+       {QUANTILE}(0.99)(queue_s) AS queue_p99, avg(input_tokens) AS prompt_mean,
        sum(cached_tokens) / greatest(sum(input_tokens), 1) AS cached_share,
        sum(preemptions) AS preemptions, countIf(is_error = 1) AS errors,
-       avg(rpc_delay_s) AS rpc_delay_mean, quantile(0.99)(rpc_delay_max_s) AS rpc_delay_max_p99
+       avg(rpc_delay_s) AS rpc_delay_mean, {QUANTILE}(0.99)(rpc_delay_max_s) AS rpc_delay_max_p99
 FROM requests
-WHERE time >= fromUnixTimestamp64Nano({lo:Int64}) AND time < fromUnixTimestamp64Nano({hi:Int64})
+WHERE time >= fromUnixTimestamp64Nano({{lo:Int64}}) AND time < fromUnixTimestamp64Nano({{hi:Int64}})
 """
-_STEPS = """
+_STEPS = f"""
 SELECT count() AS steps, avg(batch_size) AS batch_mean, max(batch_size) AS batch_max,
-       avg(duration_s) AS step_mean_s, quantile(0.99)(duration_s) AS step_p99_s,
-       quantile(0.5)(gap_s) AS gap_p50_s, quantile(0.99)(gap_s) AS gap_p99_s,
+       avg(duration_s) AS step_mean_s, {QUANTILE}(0.99)(duration_s) AS step_p99_s,
+       {QUANTILE}(0.5)(gap_s) AS gap_p50_s, {QUANTILE}(0.99)(gap_s) AS gap_p99_s,
        max(prefill_tokens) AS prefill_tokens_max, sum(preemptions) AS step_preemptions,
        max(max_num_seqs) AS max_num_seqs, min(chunked_prefill) AS chunked_prefill_min,
        max(kv_blocks_total) AS kv_blocks_total_max, min(kv_blocks_total) AS kv_blocks_total_min,
        sum(prefix_hit_tokens) AS prefix_hit_tokens
 FROM steps
-WHERE time >= fromUnixTimestamp64Nano({lo:Int64}) AND time < fromUnixTimestamp64Nano({hi:Int64})
+WHERE time >= fromUnixTimestamp64Nano({{lo:Int64}}) AND time < fromUnixTimestamp64Nano({{hi:Int64}})
 """
 
 
