@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from collector import queries
+from collector.errors import HTTPProblem
 from collector.store import QueryError, QueryResult, Store, StoreError
 
 router = APIRouter(prefix="/api")
@@ -30,8 +31,6 @@ class SqlRequest(BaseModel):
 
 
 def _problem(status: int, message: str) -> Exception:
-    from collector.server import HTTPProblem
-
     return HTTPProblem(status, message)
 
 

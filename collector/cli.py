@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -66,15 +67,17 @@ def run(args: argparse.Namespace) -> int:
     from collector.server import create_app
     from collector.store import StoreError, redact
 
-    alert_rules = None
+    background = []
     if getattr(args, "alert_rules", None):
+        from alerting.embedded import start_in_collector
         from alerting.rules import RuleError, load_rules
 
         try:
-            alert_rules = load_rules(args.alert_rules)
+            ruleset = load_rules(args.alert_rules)
         except RuleError as e:
             raise UsageError(str(e)) from None
-    app = create_app(config, alert_rules=alert_rules)
+        background.append(functools.partial(start_in_collector, ruleset))
+    app = create_app(config, background=background)
     logging.getLogger(__name__).info(
         "collector on http://%s:%d, store %s, spool %s",
         config.host,

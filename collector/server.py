@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from collector import otlp
 from collector.api import router as api_router
 from collector.config import CollectorConfig
+from collector.errors import HTTPProblem
 from collector.ingest import Backpressure, Ingestor
 from collector.spool import Spool
 
@@ -28,18 +29,18 @@ log = logging.getLogger(__name__)
 DRAIN_CAP_BYTES = 1 << 30  # an oversized body is read and discarded up to here, so the client sees the 413
 
 
-class HTTPProblem(Exception):
-    """An error answer: status, message, optional headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
 
 
-def create_app(config: CollectorConfig, *, alert_rules: Any = None) -> FastAPI:
-    """The collector app; the store and spool are opened on startup and closed on shutdown. With
-    `alert_rules` (an alerting.rules.RuleSet), the rules are evaluated on the store in the background."""
+# A background task of the collector: started with the ingestor (its store open) and the config, after the
+# ingestor starts; stopped before it stops. `stepscope collector --alert-rules` passes the alert evaluator.
+BackgroundTask = Callable[[Ingestor, CollectorConfig], Stoppable]
+
+
+def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] = ()) -> FastAPI:
+    """The collector app; the store and spool are opened on startup and closed on shutdown, and each
+    `background` task is started after them and stopped before them."""
     ingestor = Ingestor(
         config.store,
         Spool(config.spool or "stepscope-spool", config.spool_max_bytes),
@@ -52,16 +53,14 @@ def create_app(config: CollectorConfig, *, alert_rules: Any = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(ingestor.start)
-        alerts = None
-        if alert_rules is not None:
-            from alerting.embedded import start_in_collector
-
-            alerts = await run_in_threadpool(start_in_collector, alert_rules, ingestor, config)
+        running: list[Stoppable] = []
         try:
+            for start in background:
+                running.append(await run_in_threadpool(start, ingestor, config))
             yield
         finally:
-            if alerts is not None:
-                await run_in_threadpool(alerts.stop)
+            for task in reversed(running):
+                await run_in_threadpool(task.stop)
             await run_in_threadpool(ingestor.stop)
 
     app = FastAPI(title="stepscope collector", lifespan=lifespan, docs_url=None, redoc_url=None)
