@@ -103,11 +103,6 @@ class Rule:
         """True when a larger value is worse (latency, error rate, burn rate)."""
         return self.kind == "burn_rate" or self.metric not in RATE_METRICS
 
-    @property
-    def lookback_s(self) -> float:
-        """The longest window the rule reads."""
-        return max((w.long_s for w in self.burn), default=self.window_s)
-
     def describe(self) -> str:
         """One line: what the rule watches."""
         where = "".join(f" {k}={v}" for k, v in self.filters)

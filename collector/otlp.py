@@ -9,7 +9,6 @@ encodings end in the same classes and the same bytes.
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import zlib
 from dataclasses import dataclass
@@ -171,8 +170,3 @@ def _hex_to_base64(key: str, value: str) -> str:
         return base64.b64encode(bytes.fromhex(value)).decode()
     except ValueError:
         raise PayloadError(f"{key} {value[:40]!r} is not a hex string") from None
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """gzip `data` (tests and the benchmark send compressed bodies as the SDK does)."""
-    return gzip.compress(data, compresslevel=1)

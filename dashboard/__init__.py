@@ -1,1 +1,1 @@
-"""stepscope dashboard (arrives with its issue)."""
+"""stepscope dashboard: Streamlit pages over the collector's query API (docs/dashboard.md)."""

@@ -101,9 +101,9 @@ FAULTS: dict[str, Fault] = {
             0.1,
             (0.15, 0.1),
             # 768 -> 76 blocks at 0.1 (115 at 0.15; the longest prompt needs 65): a full batch of 8
-            # (about 100-150 blocks) no longer fits, so running sequences are preempted. Once decode got
-            # cheaper (session 3), 0.15's 33 preemptions moved ITL max P99 x1.7 and TTFT P99 x1.4: past
-            # the significance bar in one quiet run of two.
+            # (about 100-150 blocks) no longer fits, so running sequences are preempted. At 0.15, 33
+            # preemptions moved ITL max P99 x1.7 and TTFT P99 x1.4: past the significance bar in one
+            # quiet run of two.
             limits=lambda v, cur: {"num_kv_blocks": max(int(int(cur["num_kv_blocks"]) * v), 1)},  # type: ignore[call-overload]
             # A busy engine, the batch kept at its cap of 8 by closed-loop clients: at 35% of capacity
             # on an open loop the batch was ~1 and even 76 blocks preempted once in a run.

@@ -2,7 +2,7 @@
 
     stepscope demo [--duration S] [--fault NAME[=VALUE]] [--no-dashboard] [--model M] [--rate RPS] [--out DIR]
 
-1. sizes a steady load to this machine (the scenario runner's calibration, cached for 12 h);
+1. sizes a steady load to this machine (the scenario runner's calibration, cached for 2 h);
 2. starts the collector on chDB in the demo directory, the engine exporting OTLP to it, and the dashboard;
 3. runs the steady load; near the end of its healthy part, measures TTFT P99 and arms an alert rule
    (`alerting.AlertRunner`, threshold `alert_factor` x that P99) whose webhook is a receiver in this process;
