@@ -29,7 +29,9 @@ it is tied to the embedding, which stays full precision with it). Embeddings and
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,6 +57,23 @@ DYNAMIC_MAX_ROWS = 32
 # The bf16 packed kernel wins while the matmul is memory-bound; on long prefill chunks its emulated bf16
 # arithmetic loses to dequantize-then-fp32-matmul. Crossover measured at 64-128 rows.
 DECODE_MAX_ROWS = 64
+
+
+def _cpu_has_vnni() -> bool:
+    """Whether the CPU multiplies u8 x s8 into int32 directly (AVX-512 VNNI or AVX-VNNI).
+
+    Without it fbgemm adds u8 x s8 pairs in saturating int16 (vpmaddubsw): full-range uint8 activations
+    overflow (seen on AVX2 EPYC: errors of 13% of the output's range). `reduce_range` keeps activations to
+    7 bits there, which cannot overflow.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_vnni|avx_vnni|amx_int8)\b", text))
+
+
+REDUCE_RANGE = not _cpu_has_vnni()
 
 
 def resolve_model_dtype(dtype: str, weight_dtype: str, device: torch.device) -> torch.dtype:
@@ -133,7 +152,7 @@ def int8_matmul(
     rows = x.shape[0]
     if x.device.type == "cpu":
         if packed is not None and rows <= DYNAMIC_MAX_ROWS:
-            return torch.ops.quantized.linear_dynamic(x.float(), packed).to(x.dtype)
+            return torch.ops.quantized.linear_dynamic(x.float(), packed, REDUCE_RANGE).to(x.dtype)
         if rows <= DECODE_MAX_ROWS and w_int8.shape[1] % PACK_K_MULTIPLE == 0:
             return torch._weight_int8pack_mm(x.to(torch.bfloat16), w_int8, scales).to(x.dtype)
     return F.linear(x, w_int8.to(x.dtype)) * scales.to(x.dtype)
