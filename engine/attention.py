@@ -12,47 +12,20 @@ block `block_table[p // block_size]` at offset `p % block_size`; its flat slot i
 
 The cache is touched in exactly two places, `_write_kv` (scatter new K/V to their slots) and
 `_gather_blocks` (read whole blocks through a block table). A layer's cache is either that tensor in
-the model's dtype or an `Int8KVCache` (engine/quant.py: the same layout in int8 plus per-token, per-head
-scales [2, num_blocks, block_size, num_kv_heads]), quantized on write and dequantized on read; the
-attention math never sees the difference.
-
-Gathered K/V land in a `Workspace` that the model runner keeps from step to step. On the CPU a fresh
-tensor of tens of MB per layer costs more in page faults than the copy into it (glibc maps blocks
-over 32 MB afresh and unmaps them on free): at batch 32 and 300-1000 tokens of context, 25 ms a
-layer against 5 ms with the reused buffer (`small` preset, 2 threads).
+the model's dtype or an `Int8KVCache` (engine/kv_cache.py), quantized on write and dequantized on read;
+the attention math never sees the difference. Gathered K/V land in the runner's `Workspace`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
 from engine.kernels import PagedDecodeKernel
-from engine.quant import Int8KVCache
-
-KVCache = torch.Tensor | Int8KVCache  # one layer's cache: [2, num_blocks, block_size, Hkv, Dh]
-
-
-class Workspace:
-    """One scratch buffer reused by every layer and step for gathered K/V; it only grows."""
-
-    __slots__ = ("_buf",)
-
-    def __init__(self) -> None:
-        self._buf: torch.Tensor | None = None
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """An uninitialised tensor of `shape` over the buffer; valid until the next `take`."""
-        numel = math.prod(shape)
-        buf = self._buf
-        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-            buf = self._buf = torch.empty(numel + numel // 4, dtype=dtype, device=device)  # room to grow
-        return buf[:numel].view(shape)
+from engine.kv_cache import Int8KVCache, KVCache, Workspace
 
 
 @dataclass(slots=True)
@@ -139,40 +112,6 @@ def make_attention_metadata(
         key_starts=None if key_starts is None else torch.tensor(key_starts, **as_long),
         key_starts_list=None if key_starts is None else list(key_starts),
     )
-
-
-def allocate_kv_cache(
-    cfg: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    kv_int8: bool = False,
-) -> list[KVCache]:
-    """One zeroed cache per layer, [2, num_blocks, block_size, num_kv_heads, head_dim].
-
-    In `dtype` (the model's), or with `kv_int8` an `Int8KVCache` whose reads dequantize to `dtype`.
-    """
-    shape = (2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    if kv_int8:
-        return [Int8KVCache.zeros(shape, device, dtype) for _ in range(cfg.num_layers)]
-    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-
-
-def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V together; `torch.int8` counts the scales too."""
-    if dtype == torch.int8:
-        per_token_head = Int8KVCache.bytes_per_token_head(cfg.head_dim)
-    else:
-        per_token_head = cfg.head_dim * torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * per_token_head
-
-
-def concat_kv_blocks(old: KVCache, more: KVCache) -> KVCache:
-    """A cache with `more`'s blocks after `old`'s (growing the pool keeps block ids and contents)."""
-    if isinstance(old, Int8KVCache) and isinstance(more, Int8KVCache):
-        return old.cat(more)
-    return torch.cat([old, more], dim=1)  # type: ignore[list-item]
 
 
 def paged_attention(

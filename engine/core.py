@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from engine.attention import kv_cache_bytes_per_block
 from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig, ModelConfig, preset
 from engine.device import resolve_device
 from engine.events import Event, EventBuffer, RequestEvent, ScheduledChunk, StepEvent
+from engine.kv_cache import kv_cache_bytes_per_block
 from engine.model_runner import ModelRunner
 from engine.packed import pack_model, packing_available
 from engine.quant import (

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, KVCache, paged_attention
+from engine.attention import AttentionMetadata, paged_attention
 from engine.config import ModelConfig
 from engine.kernels import FusedOps
+from engine.kv_cache import KVCache
 
 # Random-weight init (presets). Linear weights use INIT_STD; the embedding and the LM head use a
 # larger std so that a token's own embedding does not drown the attention and MLP contributions

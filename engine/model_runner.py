@@ -15,15 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import (
-    AttentionMetadata,
-    KVCache,
-    Workspace,
-    allocate_kv_cache,
-    concat_kv_blocks,
-)
+from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.kernels import PagedDecodeKernel, fused_ops, paged_decode
+from engine.kv_cache import KVCache, Workspace, allocate_kv_cache, concat_kv_blocks
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence

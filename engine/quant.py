@@ -32,16 +32,12 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.device import resolve_dtype
-
-if TYPE_CHECKING:
-    from engine.attention import Workspace
 
 INT8_MAX = 127
 SCALE_DTYPE = torch.bfloat16  # weight and KV scales: 2 bytes, and what the CPU kernel takes
@@ -277,68 +273,3 @@ def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)
-
-
-class Int8KVCache:
-    """One layer's paged cache in int8 with per-token, per-head scales.
-
-    values [2, num_blocks, block_size, Hkv, Dh] int8 and scales [2, num_blocks, block_size, Hkv] bf16
-    (index 0: K, 1: V). A block costs Dh + 2 bytes per token and head, against 4 Dh in fp32 and 2 Dh
-    in bf16: about 3.9x and 1.9x the tokens in the same bytes at Dh = 64. Reads dequantize to `dtype`.
-    """
-
-    __slots__ = ("dtype", "scales", "values")
-
-    def __init__(self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
-        self.values, self.scales, self.dtype = values, scales, dtype
-
-    @classmethod
-    def zeros(cls, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> Int8KVCache:
-        """An empty cache of `shape` = (2, num_blocks, block_size, Hkv, Dh)."""
-        values = torch.zeros(shape, device=device, dtype=torch.int8)
-        return cls(values, torch.zeros(shape[:-1], device=device, dtype=SCALE_DTYPE), dtype)
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.values.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.values.numel() + self.scales.numel() * self.scales.element_size()
-
-    @staticmethod
-    def bytes_per_token_head(head_dim: int) -> int:
-        """Bytes of one token's K (or V) for one KV head: the int8 values and one scale."""
-        return head_dim + torch.empty((), dtype=SCALE_DTYPE).element_size()
-
-    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize k, v [T, Hkv, Dh] and scatter them to their flat slots [T]."""
-        _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
-        slots = num_blocks * block_size
-        values = self.values.view(2, slots, num_kv_heads, head_dim)  # [2, slots, Hkv, Dh]
-        scales = self.scales.view(2, slots, num_kv_heads)  # [2, slots, Hkv]
-        for i, x in enumerate((k, v)):
-            q, s = quantize_kv(x)
-            values[i].index_copy_(0, slot_mapping, q)
-            scales[i].index_copy_(0, slot_mapping, s)
-
-    def gather_rows(self, rows: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
-        """rows [2N] of the [2 * num_blocks, block] view (N blocks' K rows, then their V rows) -> those
-        blocks dequantized, [2, N, bs, Hkv, Dh] in `dtype`.
-
-        With a `workspace` (and an fp32 `dtype`) the result is a view of its buffer.
-        """
-        _, num_blocks, block_size, num_kv_heads, head_dim = self.values.shape
-        values = self.values.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv * Dh]
-        scales = self.scales.view(2 * num_blocks, -1).index_select(0, rows)  # [2N, bs * Hkv]
-        shape = (2, rows.shape[0] // 2, block_size, num_kv_heads)
-        if workspace is None or self.dtype != torch.float32:
-            return dequantize_kv(values.view(*shape, head_dim), scales.view(shape), self.dtype)
-        out = workspace.take((*shape, head_dim), torch.float32, values.device)
-        out.copy_(values.view(*shape, head_dim))  # int8 -> fp32 is exact: the same as dequantize_kv
-        return out.mul_(scales.view(shape).to(torch.float32).unsqueeze(-1))
-
-    def cat(self, more: Int8KVCache) -> Int8KVCache:
-        """This cache followed by `more`'s blocks (block ids and contents stay)."""
-        values = torch.cat([self.values, more.values], dim=1)
-        return Int8KVCache(values, torch.cat([self.scales, more.scales], dim=1), self.dtype)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import allocate_kv_cache, make_attention_metadata
+from engine.attention import make_attention_metadata
 from engine.kernels import PagedDecodeKernel
+from engine.kv_cache import allocate_kv_cache
 from engine.model import LlamaForCausalLM
 
 

@@ -6,16 +6,10 @@ import pytest
 import torch
 
 from engine import attention
-from engine.attention import (
-    Workspace,
-    allocate_kv_cache,
-    dense_attention_reference,
-    kv_cache_bytes_per_block,
-    make_attention_metadata,
-    paged_attention,
-)
+from engine.attention import dense_attention_reference, make_attention_metadata, paged_attention
 from engine.config import ModelConfig
 from engine.kernels import PagedDecodeKernel, paged_decode
+from engine.kv_cache import Workspace, allocate_kv_cache, kv_cache_bytes_per_block
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 400

@@ -11,8 +11,9 @@ from transformers import LlamaForCausalLM as HFLlama
 from transformers import Qwen2ForCausalLM as HFQwen2
 
 from engine import kernels
-from engine.attention import allocate_kv_cache, make_attention_metadata
+from engine.attention import make_attention_metadata
 from engine.config import ModelConfig, preset
+from engine.kv_cache import allocate_kv_cache
 from engine.loader import hf_config_dict, hf_state_dict
 from engine.model import LlamaForCausalLM, build_model
 from engine.reference import SingleSequence, greedy_generate

@@ -21,23 +21,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import (
-    Workspace,
-    allocate_kv_cache,
-    dense_attention_reference,
-    kv_cache_bytes_per_block,
-    make_attention_metadata,
-    paged_attention,
-)
+from engine.attention import dense_attention_reference, make_attention_metadata, paged_attention
 from engine.config import EngineConfig, ModelConfig, SamplingParams, preset
 from engine.core import EngineCore
 from engine.core_proc import Channel, CoreLoop
 from engine.faults import EngineFaults, FaultSettings
+from engine.kv_cache import Int8KVCache, Workspace, allocate_kv_cache, kv_cache_bytes_per_block
 from engine.model import build_model
 from engine.protocol import AdminReply, FaultSet, get_codec
 from engine.quant import (
     DYNAMIC_MAX_ROWS,
-    Int8KVCache,
     Int8Linear,
     dequantize_kv,
     dequantize_weight,
