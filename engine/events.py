@@ -76,7 +76,25 @@ class RequestEvent:
     prefix_key: str = ""  # hex hash of the first full prompt block
 
 
-Event = StepEvent | RequestEvent
+@dataclass(slots=True)
+class KVTransferEvent:
+    """One request's KV transfer as one side of a disaggregated pair saw it (docs/disagg.md).
+    `side`: send (prefill) or receive (decode)."""
+
+    side: str
+    req_id: str
+    start_ns: int
+    end_ns: int
+    trace_context: str
+    kv_bytes: int
+    num_blocks: int
+    bandwidth_bytes_per_s: float
+    peer: str = ""
+    error: str = ""
+    kind: str = "kv_transfer"
+
+
+Event = StepEvent | RequestEvent | KVTransferEvent
 
 
 class EventBuffer:

@@ -23,7 +23,7 @@ from instrumentation.config import CORE_SINK, STEPS_EVERY_ENV, TelemetryConfig, 
 from stepscope.cli import UsageError
 
 if typing.TYPE_CHECKING:  # heavy imports wait until `run`, so `--help` stays fast
-    from engine.core_proc import CoreProcess
+    from engine.core_client import CoreProcess
     from engine.server import ServerSettings
 
 ADMIN_TOKEN_ENV = "STEPSCOPE_ADMIN_TOKEN"
@@ -106,7 +106,7 @@ def _convert(name: str, raw: object, kind: type, hint: object) -> object:
 
 def run(args: argparse.Namespace) -> int:
     """Start the core process, wait until the model is loaded, serve HTTP until SIGTERM/SIGINT."""
-    from engine.core_proc import CoreStartupError, start_core_process
+    from engine.core_client import CoreStartupError, start_core_process
     from engine.server import ServerSettings
 
     config = engine_config(args)

@@ -1,8 +1,9 @@
 """The HTTP front end: OpenAI-compatible routes, tokenization, detokenization, stop strings, SSE.
 
 It runs in its own process beside the engine core (`engine/core_proc.py`) and talks to it over the
-RPC channel through `AsyncEngineClient`: one asyncio task reads the core's OUTPUTS frames and
-hands each request's outputs to that request's queue. Every refusal is an OpenAI-shaped error.
+RPC channel through `AsyncEngineClient` (engine/core_client.py): one asyncio task reads the core's
+OUTPUTS frames and hands each request's outputs to that request's queue. Every refusal is an
+OpenAI-shaped error.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.config import EngineConfig
-from engine.core_proc import AsyncEngineClient, CoreError, CoreProcess, RpcDelay
+from engine.core_client import AsyncEngineClient, CoreProcess
+from engine.engine_client import CoreError, EngineClient, OutputQueue, RpcDelay
 from engine.faults import FaultSettings
 from engine.metrics import ServerMetrics
 from engine.openai_protocol import (
@@ -44,7 +46,6 @@ from engine.request import EngineRequest
 from engine.tokenizer import IncrementalDetokenizer, get_tokenizer
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
-    from engine.engine_client import EngineClient
     from instrumentation.request_spans import RequestTrace, RequestTracer
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body beyond this is refused with 413 before it is parsed
@@ -76,7 +77,7 @@ class _Tally:
     trace: RequestTrace | None = None  # the request's span, when tracing is on
     error: str | None = None
     rpc_delay: RpcDelay | None = None  # core produced a token -> front end received it
-    output_queue: object = None  # the client's queue; a disaggregated one also carries kv_transfer_ns
+    output_queue: OutputQueue | None = None  # the client's queue for this request
 
 
 class OpenAIServer:
@@ -91,8 +92,8 @@ class OpenAIServer:
     ) -> None:
         self.settings = settings
         # The engine behind the API: the local core process, or another client (engine/engine_client.py).
-        self.client = client if client is not None else AsyncEngineClient(core, on_core_exit)
-        self.info = core.ready.info if core is not None else self.client.info
+        self.client: EngineClient = client if client is not None else AsyncEngineClient(core, on_core_exit)
+        self.info = self.client.info
         self.tokenizer = get_tokenizer(str(self.info["model"]), int(self.info["vocab_size"]))
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
@@ -104,9 +105,8 @@ class OpenAIServer:
 
     # -- plain routes --------------------------------------------------------------------------
     async def health(self) -> Response:
-        report = getattr(self.client, "health_report", None)  # a router lists its workers
-        if report is not None:
-            body = report()
+        body = self.client.health_report()  # a router lists its workers
+        if body is not None:
             return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
         return Response(status_code=200 if self.client.alive else 503)
 
@@ -123,8 +123,7 @@ class OpenAIServer:
 
     async def metrics_text(self) -> PlainTextResponse:
         text = self.metrics.render(self.client.stats, self.client.num_inflight)
-        extra = getattr(self.client, "extra_metrics", None)
-        text += extra() if extra else ""
+        text += self.client.extra_metrics()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- admin -----------------------------------------------------------------------------------
@@ -349,7 +348,8 @@ class OpenAIServer:
         if tally.trace is not None:
             if tally.rpc_delay is not None and tally.rpc_delay.count:
                 tally.trace.span.set_attributes(_rpc_attributes(tally.rpc_delay))
-            tally.trace.kv_transfer_ns = getattr(tally.output_queue, "kv_transfer_ns", 0)
+            queue = tally.output_queue
+            tally.trace.kv_transfer_ns = queue.kv_transfer_ns if queue is not None else 0
             self.telemetry.finish(tally.trace, reason, tally.error)
 
     async def _sse(
@@ -440,9 +440,8 @@ def _rpc_attributes(delay: RpcDelay) -> dict[str, float]:
 def _core_error(e: CoreError) -> APIError:
     """The core refused the request (400), the core is gone (500), or a status the client chose (503:
     no healthy worker of a role, when disaggregated)."""
-    status = getattr(e, "status", None)
-    if status:
-        return APIError(status, str(e), type="server_error")
+    if e.status:
+        return APIError(e.status, str(e), type="server_error")
     return APIError(500, str(e), type="server_error") if e.fatal else APIError(400, str(e))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
-from engine.events import Event, RequestEvent, ScheduledChunk, StepEvent
+from engine.events import Event, KVTransferEvent, RequestEvent, ScheduledChunk, StepEvent
 from instrumentation import attributes as A
 from instrumentation.providers import Telemetry
 
@@ -129,8 +129,8 @@ class StepTracer:
                 for spec in req.held:
                     self._build(req, spec)
 
-    def _kv_transfer(self, ev: object) -> None:
-        """A KV transfer (engine/disagg/handoff.py's KVTransferEvent), one span per side under llm_request.
+    def _kv_transfer(self, ev: KVTransferEvent) -> None:
+        """A KV transfer (engine/events.py's KVTransferEvent), one span per side under llm_request.
         Kept when the request was head-sampled (the transfer may outlive the prefill side's request)."""
         parent = parse_traceparent(ev.trace_context)
         if parent is None or not parent.trace_flags.sampled:

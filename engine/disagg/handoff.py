@@ -14,7 +14,6 @@ blocks), `core.abort_request` frees either, and `core.check_invariants()` holds 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from engine.disagg.kv_wire import LayerBlocks, read_blocks, write_blocks
 from engine.events import RequestEvent
@@ -24,24 +23,6 @@ from engine.sequence import Sequence
 # RequestEvent kind of a decode worker's request that starts running on received KV: the tracer opens
 # the request there (no queue span: its queue was on the prefill worker).
 COMMITTED = "committed"
-
-
-@dataclass(slots=True)
-class KVTransferEvent:
-    """One request's KV transfer as one side saw it (an event for the instrumentation, like
-    engine/events.py's). `side`: send (prefill) or receive (decode)."""
-
-    side: str
-    req_id: str
-    start_ns: int
-    end_ns: int
-    trace_context: str
-    kv_bytes: int
-    num_blocks: int
-    bandwidth_bytes_per_s: float
-    peer: str = ""
-    error: str = ""
-    kind: str = "kv_transfer"
 
 
 def add_prefill_only(core: object, req: EngineRequest) -> None:

@@ -77,8 +77,9 @@ def worker_threads(config: EngineConfig, num_workers: int) -> int:
 # -- a worker ----------------------------------------------------------------------------------------
 def run_worker(options: dict[str, Any]) -> int:
     """Load the model, connect to the router, serve until shut down (rejoining if `rejoin`)."""
+    from engine.channel import Channel
     from engine.core import EngineCore
-    from engine.core_proc import Channel, _die_with_parent, _load_sink
+    from engine.core_proc import _die_with_parent, _load_sink
     from engine.disagg.kv_link import KVReceiver
     from engine.disagg.worker import WorkerLoop, abort_all, worker_info
     from engine.protocol import Codec, Ready

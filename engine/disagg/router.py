@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from engine.core_proc import CoreError, OutputQueue
+from engine.engine_client import CoreError, OutputQueue
 from engine.protocol import (
     Abort,
     Add,
@@ -184,7 +184,6 @@ class DisaggClient:
     def add(self, req: EngineRequest) -> OutputQueue:
         """Route a request; its outputs arrive on the returned queue (synchronous, like the local one)."""
         queue = OutputQueue()
-        queue.kv_transfer_ns = 0
         route = self.routes[req.req_id] = _Route(req, queue)
         self._dispatch(route)
         return queue
@@ -298,9 +297,7 @@ class DisaggClient:
     def _fail(self, route: _Route, reason: str, status: int | None = None) -> None:
         if self.routes.pop(route.req.req_id, None) is not None:
             self.failures += 1
-            error = CoreError(reason, fatal=True)
-            error.status = status
-            route.queue.put_nowait(error)
+            route.queue.put_nowait(CoreError(reason, fatal=True, status=status))
 
     # -- worker connections --------------------------------------------------------------------
     async def _on_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

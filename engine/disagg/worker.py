@@ -20,10 +20,12 @@ import select
 import time
 from dataclasses import dataclass
 
-from engine.core_proc import Channel, CoreLoop, EventSink
+from engine.channel import Channel
+from engine.core_proc import CoreLoop, EventSink
 from engine.disagg import handoff as H
 from engine.disagg.kv_link import KVReceiver, KVSender, Received, SendRecord
 from engine.disagg.kv_wire import AbortFrame, BlocksFrame, DoneFrame, KVWireError, num_tensor_bytes
+from engine.events import KVTransferEvent
 from engine.faults import EngineFaults
 from engine.protocol import Abort, Add, Error, FaultSet, Handoff, Message, Outputs, WorkerStats
 from engine.protocol import EngineStats as Stats
@@ -193,7 +195,7 @@ class WorkerLoop(CoreLoop):
         """On the sender thread: one transfer fully written (or failed)."""
         busy_s = rec.busy_ns / 1e9
         self.kv_events.append(
-            H.KVTransferEvent(
+            KVTransferEvent(
                 "send", rec.req_id, rec.first_ns, rec.end_ns, rec.trace_context, rec.kv_bytes, rec.num_blocks,
                 rec.kv_bytes / busy_s if busy_s > 0 else 0.0, rec.peer, rec.error,
             )
@@ -255,7 +257,7 @@ class WorkerLoop(CoreLoop):
             self.ready_outputs.append(out)
             span_s = (inc.last_ns - inc.first_ns) / 1e9
             self.kv_events.append(
-                H.KVTransferEvent(
+                KVTransferEvent(
                     "receive", req_id, inc.first_ns, out.timings.first_token_ns, inc.request.trace_context,
                     inc.kv_bytes, inc.num_blocks, inc.kv_bytes / span_s if span_s > 0 else 0.0,
                 )

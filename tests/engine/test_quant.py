@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import dense_attention_reference, make_attention_metadata, paged_attention
+from engine.channel import Channel
 from engine.config import EngineConfig, ModelConfig, SamplingParams, preset
 from engine.core import EngineCore
-from engine.core_proc import Channel, CoreLoop
+from engine.core_proc import CoreLoop
 from engine.faults import EngineFaults, FaultSettings
 from engine.kv_cache import Int8KVCache, Workspace, allocate_kv_cache, kv_cache_bytes_per_block
 from engine.model import build_model

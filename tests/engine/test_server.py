@@ -18,9 +18,10 @@ import httpx
 import openai
 import pytest
 
+from engine.channel import Channel
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore
-from engine.core_proc import Channel, CoreLoop
+from engine.core_proc import CoreLoop
 from engine.events import StepEvent
 from engine.protocol import Add, Outputs, Shutdown, get_codec
 from engine.request import EngineRequest

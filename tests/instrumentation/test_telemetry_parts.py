@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from span_rig import make_rig, tiny_core
 
 from engine.config import SamplingParams
-from engine.disagg.handoff import KVTransferEvent
+from engine.events import KVTransferEvent
 from engine.request import EngineRequest
 from instrumentation import attributes as A
 from instrumentation.config import TelemetryConfig, TelemetryError, epoch_offset_ns, telemetry_config
