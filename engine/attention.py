@@ -67,10 +67,6 @@ class AttentionMetadata:
     decode_index: tuple[torch.Tensor, torch.Tensor] | None = None  # the decodes' (sequences, token rows)
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
 

@@ -120,12 +120,6 @@ class BlockPool:
                 block.block_hash = None
         self.capacity = num_blocks
 
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            if block.ref_cnt == 0:
-                block.block_hash = None
-        self.cached = {h: i for h, i in self.cached.items() if self.blocks[i].block_hash == h}
-
 
 class KVCacheManager:
     """Gives sequences the blocks they need, shares full prompt blocks, frees them back."""

@@ -50,15 +50,6 @@ class ModelConfig:
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1")
 
-    @property
-    def num_params(self) -> int:
-        d, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q = d * self.num_heads * self.head_dim
-        kv = 2 * d * self.num_kv_heads * self.head_dim
-        per_layer = q + kv + q + 3 * d * i + 2 * d
-        head = 0 if self.tie_word_embeddings else v * d
-        return self.num_layers * per_layer + v * d + head + d
-
 
 # Named presets with seeded random weights. `tiny` keeps a CPU step in a few ms for tests;
 # `small` and `bench` are big enough that decode is memory-bound on a CPU (weights far larger than cache).

@@ -72,10 +72,6 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def is_prefill(self) -> bool:
         """Still computing prompt tokens (or recomputing after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1

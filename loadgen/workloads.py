@@ -21,6 +21,7 @@ lengths times K, arrival rate times K, and a changed prompt prefix for a fractio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ class Workload:
             kind = self.config.name
             if kind == "mixed":
                 kind = "summarize" if rng.random() < self.config.summarize_fraction else "chat"
-            spec = getattr(self, "_" + kind.replace("-", "_"))(index, rng, shift.prompt_len_factor)
+            spec = _KINDS[kind](self, index, rng, shift.prompt_len_factor)
         # a separate stream, so that turning the shift on changes no other draw
         if np.random.default_rng([self.config.seed, index, 1]).random() < shift.prefix_change_fraction:
             self._change_prefix(spec, self._rng(index, 2))
@@ -288,6 +289,14 @@ class Workload:
     def _replace_head(self, text: str, rng: np.random.Generator) -> str:
         n = min(len(text), _CHANGED_PREFIX_CHARS)
         return self.text.text(n, rng) + text[n:]
+
+
+# The request maker of each built-in kind (`mixed` draws one of chat and summarize per request).
+_KINDS: dict[str, Callable[[Workload, int, np.random.Generator, float], RequestSpec]] = {
+    "chat": Workload._chat,
+    "summarize": Workload._summarize,
+    "shared-prefix": Workload._shared_prefix,
+}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
