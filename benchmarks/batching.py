@@ -5,7 +5,7 @@
 The same offline workload (prompt lengths uniform 32-512, output lengths uniform 16-512 with EOS
 ignored, all arriving at once, the same max_num_seqs) runs through continuous and static
 scheduling and through transformers' generate() on the same weights in padded batches of the
-same size. Static mode is the issue's baseline: fixed batches, prompts left-padded to the batch's
+same size. Static mode is the baseline: fixed batches, prompts left-padded to the batch's
 longest (pads computed and kept in KV), each batch running until its longest member finishes.
 The continuous engine runs as a user would configure it: the same max_num_seqs, chunked prefill
 on, and a per-step token budget of --max-num-batched-tokens (2048, vLLM's default for online

@@ -10,7 +10,7 @@ clients (several engine processes) to `stepscope collector` started as a real pr
 spans per second of wall time from the first POST until `count()` in otel_traces shows every one of them
 (acknowledged and queryable, not just acknowledged).
 
-`raw_rows_per_s` is the baseline the issue names: the same rows, already in Python columns (a dict per Map
+`raw_rows_per_s` is the baseline: the same rows, already in Python columns (a dict per Map
 value, as clickhouse-connect takes them), inserted with clickhouse-connect's column-oriented native insert
 (`client.insert(..., column_oriented=True)`, through `Store.insert`) into a fresh chDB with the same schema
 and materialized views (`Store.open` applies the same migrations), in blocks of `GROUP_MIN_ROWS` (20,000)

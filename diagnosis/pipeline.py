@@ -1,5 +1,5 @@
 """`diagnose()`: window -> change point (or the given baseline) -> facts -> regressions -> decomposition ->
-rules -> ranked findings. The order of DESIGN.md's "How a diagnosis should reason"."""
+rules -> ranked findings. The order of docs/diagnosis.md, "How it reasons"."""
 
 from __future__ import annotations
 

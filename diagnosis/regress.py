@@ -1,6 +1,6 @@
 """Symptoms: which of TTFT/TPOT/E2E quantiles, inter-token stalls, throughput, goodput and error rate got
 worse between the baseline and the current window. A regression needs an effect size past its threshold,
-a one-sided significance test under `alpha`, and enough samples on both sides (DESIGN.md, step 1)."""
+a one-sided significance test under `alpha`, and enough samples on both sides (docs/diagnosis.md)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
-    """`auto` -> float32 on the CPU (bf16 matmul is emulated there, see NOTES.md), bfloat16 on CUDA.
+    """`auto` -> float32 on the CPU (bf16 matmul is emulated on CPUs without native bf16), bfloat16 on CUDA.
 
     Also accepts fp32|bf16|fp16 and their long names; raises ValueError otherwise.
     """

@@ -14,7 +14,7 @@ import sys
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("stepscope.demo", "the main job: watch stepscope find a root cause, everything local"),
+    "demo": ("stepscope.demo", "watch stepscope find a root cause, everything local"),
     "serve": ("engine.serve_cli", "serve a model with an OpenAI-compatible HTTP API"),
     "collector": ("collector.cli", "receive OTLP spans and metrics into ClickHouse"),
     "bench": ("loadgen.cli", "load-test an OpenAI-compatible server and find its capacity knee"),

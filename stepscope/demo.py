@@ -1,4 +1,4 @@
-"""`stepscope demo`: the main job. Watch stepscope find a root cause, everything local and embedded.
+"""`stepscope demo`: watch stepscope find a root cause, everything local and embedded.
 
     stepscope demo [--duration S] [--fault NAME[=VALUE]] [--no-dashboard] [--model M] [--rate RPS] [--out DIR]
 

@@ -1,4 +1,4 @@
-"""Rules files: the issue's exact form, burn-rate SLO rules, filters, and errors that name rule and field."""
+"""Rules files: the documented form, burn-rate SLO rules, filters, and errors that name rule and field."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Static batching as the issue defines it: fixed batches, prompts left-padded to the batch's longest."""
+"""Static batching as a padded generate() runs: fixed batches, prompts left-padded to the batch's longest."""
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore
