@@ -29,7 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--fault", metavar="NAME[=VALUE]", help="the fault (see `stepscope scenario list`); none: healthy"
     )
-    run.add_argument("--onset", metavar="SECONDS", help="when the fault goes on (default: half the duration)")
+    run.add_argument(
+        "--onset",
+        metavar="SECONDS",
+        help="when the fault goes on (default: --onset-fraction of the duration)",
+    )
+    run.add_argument(
+        "--onset-fraction", default=str(d.onset_fraction), metavar="F",
+        help="when the fault goes on, as a fraction of the duration (default: %(default)s)",
+    )  # fmt: skip
+    run.add_argument(
+        "--workload-of", metavar="FAULT",
+        help="a healthy run (no --fault) under this fault's workload, demand and engine settings",
+    )  # fmt: skip
     run.add_argument(
         "--duration",
         metavar="SECONDS",
@@ -61,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> object:
     """The `ScenarioConfig` of the options; UsageError on bad input."""
     from scenarios.config import ScenarioConfig
-    from scenarios.faults import parse_fault
+    from scenarios.faults import FAULTS, parse_fault
 
     fault = value = None
     try:
@@ -71,6 +83,16 @@ def config_from_args(args: argparse.Namespace) -> object:
         onset = _number("--onset", args.onset, 0.0) if args.onset is not None else None
         rate = _number("--rate", args.rate, 1e-6) if args.rate is not None else None
         fraction = _number("--load-fraction", args.load_fraction, 1e-3)
+        onset_fraction = _number("--onset-fraction", args.onset_fraction, 0.01)
+        if onset_fraction >= 1:
+            raise ValueError(f"--onset-fraction: must be below 1, got {args.onset_fraction}")
+        workload_of = args.workload_of
+        if workload_of is not None and workload_of not in FAULTS:
+            raise ValueError(
+                f"--workload-of: unknown fault {workload_of!r}; choose one of {', '.join(FAULTS)}"
+            )
+        if workload_of is not None and fault is not None:
+            raise ValueError("--workload-of is for a healthy run: give it without --fault")
         if not str(args.seed).isdigit():
             raise ValueError(f"--seed: expected a non-negative integer, got {args.seed!r}")
     except ValueError as e:
@@ -84,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         raise UsageError(f"--out: {out} already holds a run; choose a new directory")
     return ScenarioConfig(
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
+        onset_fraction=onset_fraction, workload_of=workload_of,
         seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
         disagg=bool(getattr(args, "disagg", False)),
     )  # fmt: skip

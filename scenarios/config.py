@@ -26,7 +26,8 @@ class ScenarioConfig:
     fault: str | None = None
     value: float | None = None
     duration_s: float = 80.0
-    onset_s: float | None = None  # None: half the duration
+    onset_s: float | None = None  # None: `onset_fraction` of the duration
+    onset_fraction: float = 0.5
     seed: int = 0
     model: str = "small"
     rate: float | None = None  # requests/s in all; None: load_fraction x calibrated capacity
@@ -38,11 +39,19 @@ class ScenarioConfig:
     disagg: bool = False  # serve disaggregated (router + 1 prefill + 1 decode worker, docs/disagg.md)
     drain_timeout_s: float = 20.0
     shared_fraction: float = 0.4  # of requests from the shared-system-prompt stream
+    # A healthy run (no fault) under this fault's workload, demand and engine settings, with no switch:
+    # where a fault's setting alone could trigger a finding (`stepscope eval`'s healthy runs).
+    workload_of: str | None = None
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
     @property
     def onset(self) -> float:
-        return self.duration_s / 2 if self.onset_s is None else self.onset_s
+        return self.duration_s * self.onset_fraction if self.onset_s is None else self.onset_s
+
+    @property
+    def setting(self) -> str | None:
+        """The fault whose workload, demand and engine settings the run has: its fault, or `workload_of`."""
+        return self.fault or self.workload_of
 
     def engine_args(self) -> list[str]:
         """`stepscope serve` options of the scenario's engine."""
@@ -52,8 +61,8 @@ class ScenarioConfig:
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--num-kv-blocks", str(self.num_kv_blocks),
             "--num-threads", str(self.num_threads),
-            *(FAULTS[self.fault].serve_args if self.fault in FAULTS else ()),
-            *(("--disagg",) if self.disagg and self.fault != "kv_transfer_slow" else ()),
+            *(FAULTS[self.setting].serve_args if self.setting in FAULTS else ()),
+            *(("--disagg",) if self.disagg and self.setting != "kv_transfer_slow" else ()),
         ]  # fmt: skip
 
 
@@ -81,10 +90,11 @@ def workloads(
 
 
 def fault_workload(cfg: ScenarioConfig) -> dict[str, Any]:
-    """The WorkloadConfig overrides of the run's fault ({} for a healthy run), lengths as `LengthDist`."""
-    if cfg.fault not in FAULTS:
+    """The WorkloadConfig overrides of the run's fault or `workload_of` ({} for the default workload),
+    lengths as `LengthDist`."""
+    if cfg.setting not in FAULTS:
         return {}
-    return _with_lengths(FAULTS[cfg.fault].workload)
+    return _with_lengths(FAULTS[cfg.setting].workload)
 
 
 def _with_lengths(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -93,8 +103,8 @@ def _with_lengths(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def fault_clients(cfg: ScenarioConfig) -> int | None:
-    """Closed-loop clients of the run's fault (None: the open-loop rate)."""
-    return FAULTS[cfg.fault].clients if cfg.fault in FAULTS else None
+    """Closed-loop clients of the run's fault or `workload_of` (None: the open-loop rate)."""
+    return FAULTS[cfg.setting].clients if cfg.setting in FAULTS else None
 
 
 def load_specs(rate: float | None, cfg: ScenarioConfig) -> tuple[LoadSpec, LoadSpec]:

@@ -1,14 +1,19 @@
-"""`stepscope eval`: run every fault scenario, diagnose each run, and score the diagnosis.
+"""`stepscope eval`: run the fault scenarios of a grid, diagnose each run, and score the diagnosis.
 
-    stepscope eval --quick --out eval.json                  # one magnitude x one seed + 2 healthy runs
-    stepscope eval --faults overload,scheduler_stall        # a subset, full grid (2 magnitudes x 3 seeds)
+    stepscope eval --grid quick --out /tmp/eval-quick                   # one case per fault + 2 healthy runs
+    stepscope eval --grid full --split holdout --out /tmp/eval          # the holdout half of the full grid
+    stepscope eval --grid full --out /tmp/eval --resume                 # continue a partial grid, merge
+    stepscope eval --only overload long_prompts --out /tmp/eval-two     # a subset (faults or causes)
+    stepscope eval --rediagnose /tmp/eval                               # re-score stored runs, no rerun
+    stepscope eval --without-rule compute_slowdown --out /tmp/eval-wr   # its cases: `unexplained`, no other
 
-Each case is one `run_scenario` (scenarios/runner.py) in `--runs-dir/<case>/`, then two diagnoses of
-its store: the headline one over the whole run window with no baseline (the change point must be found),
-and one with the baseline given as [start, onset) (a healthy run: the first half). A case is correct when
-the top finding names the injected cause; a healthy run counts as a false positive when it has any
-finding. Cases whose `result.json` exists are skipped, so an interrupted eval resumes where it stopped.
-Each diagnosis runs in a child process (chDB allows one data directory per process).
+The grids, the splits and the draws are `scenarios.protocol`'s; the rows and the summary
+`scenarios.scoring`'s. Each case is one `run_scenario` in `DIR/runs/<case>/` (its `case.json`, `truth.json`
+and chDB store kept), then two diagnoses of its store in a child process (chDB allows one data directory
+per process): the headline one over the whole run with no baseline, and one with the baseline given as
+[start, onset). A case whose row (`result.json`) exists is not run again. DIR also gets `cases.jsonl` (one
+row per case), `summary.json` and `summary.md` over every row in DIR, so sittings merge; the summary goes
+to `benchmarks/results/<date>-<commit>-eval-<grid>.json` as well (`stepscope.results`).
 """
 
 from __future__ import annotations
@@ -17,65 +22,48 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scenarios.protocol import GRIDS, SPLITS, Case
 from stepscope.cli import UsageError
 
-# The rule that should win for each injected fault (the queueing rule is named for what it sees).
-EXPECTED_CAUSE = {"overload": "queueing_overload"}
-QUICK_HEALTHY_RUNS, FULL_HEALTHY_RUNS = 2, 3
-FULL_SEEDS = (1, 2, 3)
 MAX_DURATION_S = 240  # the stretch for a slow (busy) machine stops here; the eval must end
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """One scenario run of the grid."""
-
-    fault: str | None
-    value: float | None
-    seed: int
-
-    @property
-    def name(self) -> str:
-        value = "" if self.value is None else f"-{self.value:g}"
-        return f"{self.fault or 'healthy'}{value}-s{self.seed}"
-
-    @property
-    def expected(self) -> str | None:
-        return None if self.fault is None else EXPECTED_CAUSE.get(self.fault, self.fault)
-
-
-def grid(faults: list[str], quick: bool) -> list[Case]:
-    """Every fault x magnitudes x seeds, plus healthy runs (quick: default magnitude, one seed)."""
-    from scenarios.faults import FAULTS
-
-    seeds = FULL_SEEDS[:1] if quick else FULL_SEEDS
-    cases = []
-    for name in faults:
-        f = FAULTS[name]
-        values = (f.default,) if quick else tuple(dict.fromkeys(f.magnitudes))
-        cases += [Case(name, v, s) for v in values for s in seeds]
-    healthy = QUICK_HEALTHY_RUNS if quick else FULL_HEALTHY_RUNS
-    return cases + [Case(None, None, 100 + i) for i in range(healthy)]
+LOAD_SAMPLE_S = 5.0  # how often the load average is sampled during a run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `stepscope eval`."""
-    parser.add_argument("--quick", action="store_true", help="one magnitude x one seed per fault, 2 healthy")
+    parser.add_argument("--grid", choices=GRIDS, default="full", help="the grid (default: %(default)s)")
     parser.add_argument(
-        "--out", default="eval.json", metavar="FILE", help="scoreboard JSON (default: %(default)s)"
+        "--quick", dest="grid", action="store_const", const="quick", help="the same as --grid quick"
     )
-    parser.add_argument("--faults", metavar="A,B", help="only these faults (default: all)")
     parser.add_argument(
-        "--runs-dir", default="/tmp/stepscope-eval", metavar="DIR",
-        help="where each case's run directory goes (default: %(default)s)",
+        "--split", choices=(*SPLITS, "all"), default="all", help="the cases to run (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--only", nargs="+", metavar="CAUSE",
+        help="only these faults (a fault's name or the cause it should produce); default: all",
+    )  # fmt: skip
+    parser.add_argument("--faults", metavar="A,B", help=argparse.SUPPRESS)  # the older spelling of --only
+    parser.add_argument(
+        "--out", metavar="DIR",
+        help="the eval's directory: runs, rows, summary (default: /tmp/stepscope-eval-GRID)",
+    )  # fmt: skip
+    parser.add_argument("--resume", action="store_true", help="continue the grid in --out, merging rows")
+    parser.add_argument(
+        "--rediagnose", metavar="DIR", help="re-score the stored runs in DIR with the current rules, no rerun"
+    )
+    parser.add_argument(
+        "--without-rule", metavar="CAUSE",
+        help="run the cases of CAUSE with its rule switched off: each must come out `unexplained`, not "
+        "as another cause (no healthy runs)",
     )  # fmt: skip
     parser.add_argument("--duration", default="80", metavar="SECONDS", help="per run (default: %(default)s)")
     parser.add_argument("--model", default="small", help="engine model (default: %(default)s)")
@@ -86,41 +74,224 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="when to probe the engine's capacity: once per engine and workload in this eval (default), "
         "before every case (a machine whose neighbours come and go), or from the 2 h file cache",
     )
+    parser.add_argument(
+        "--results-dir", metavar="DIR", help="where the dated result file goes (default: benchmarks/results)"
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the grid, print the scoreboard, write the JSON."""
-    from scenarios.config import ScenarioConfig
+# -- choosing the cases ---------------------------------------------------------------------------
+def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
+    """(faults, splits) of the options; UsageError on bad input."""
     from scenarios.faults import FAULTS
+    from scenarios.protocol import resolve_only
 
-    faults = list(FAULTS) if not args.faults else [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in FAULTS]
-    if unknown:
-        raise UsageError(f"--faults: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    names = list(args.only or [])
+    if args.faults:
+        names += [f.strip() for f in args.faults.split(",") if f.strip()]
+    names = [n for raw in names for n in raw.split(",") if n]
     try:
-        duration = float(args.duration)
-    except ValueError:
-        raise UsageError(f"--duration: expected seconds, got {args.duration!r}") from None
-    if duration < 10:
-        raise UsageError("--duration: at least 10 seconds")
-    runs_dir = Path(args.runs_dir).resolve()
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    base = ScenarioConfig(out=runs_dir / "calibrate", duration_s=duration, model=args.model)
+        faults = resolve_only(names) if names else list(FAULTS)
+    except ValueError as e:
+        raise UsageError(f"--only: {e}") from None
+    splits = SPLITS if args.split == "all" else (args.split,)
+    if args.grid == "quick" and "dev" not in splits:
+        raise UsageError("--split holdout: the quick grid has dev cases only; use --grid full")
+    return faults, splits
+
+
+def without_rule_cases(cases: list[Case], cause: str) -> list[Case]:
+    """The fault cases whose expected cause is `cause`, with its rule switched off. UsageError when no
+    rule has that cause or no fault in `cases` injects it."""
+    from diagnosis import rules
+
+    known = getattr(rules, "RULE_CAUSES", rules.CAUSES)
+    if cause not in known:
+        raise UsageError(f"--without-rule: unknown cause {cause!r}; choose from {', '.join(known)}")
+    chosen = [dataclasses.replace(c, without_rule=cause) for c in cases if c.fault and c.expected == cause]
+    if not chosen:
+        raise UsageError(f"--without-rule: no fault of the chosen ones injects {cause}")
+    return chosen
+
+
+# -- the command ----------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    """Run (or re-diagnose) the grid, write the rows and the summary, print the summary."""
+    if args.rediagnose:
+        return rediagnose(Path(args.rediagnose), args)
+    from scenarios.config import ScenarioConfig
+    from scenarios.protocol import grid
+
+    faults, splits = select(args)
+    duration = _duration(args.duration)
+    out = Path(args.out or f"/tmp/stepscope-eval-{args.grid}").resolve()
+    protocol = {"grid": args.grid, "duration_s": duration, "model": args.model}
+    _claim(out, protocol, args.resume)
+    cases = grid(faults, args.grid, splits)
+    if args.without_rule:
+        cases = without_rule_cases(cases, args.without_rule)
+    base = ScenarioConfig(out=out / "calibrate", duration_s=duration, model=args.model)
     capacities = Capacities(args.capacity)
-    cases = grid(faults, args.quick)
-    results = []
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     interrupt_on_sigterm()
+    ran = 0
     for i, case in enumerate(cases, 1):
+        row = _read_json(out / "runs" / case.name / case.result_file)
+        if isinstance(row, dict) and "error" not in row:
+            continue  # done in an earlier sitting (a failed run is tried again)
         print(f"eval: [{i}/{len(cases)}] {case.name} ({time.monotonic() - t0:.0f}s so far)", file=sys.stderr)
-        results.append(run_case(case, runs_dir, base, capacities))
-    board = scoreboard(results)
-    board["config"] = {"quick": args.quick, "duration_s": duration, "model": args.model,
-                       "capacity": args.capacity, "capacity_rps": capacities.measured,
-                       "runs_dir": str(runs_dir), "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
-    Path(args.out).write_text(json.dumps(board, indent=2) + "\n")
-    print(render(board))
+        run_case(case, out / "runs", base, capacities)
+        ran += 1
+    _log_sitting(out, {"ran": ran, "wall_s": round(time.monotonic() - t0, 1), "arguments": _arguments(args),
+                       "capacity_rps": capacities.measured})  # fmt: skip
+    if args.resume and ran < len(cases):
+        print(f"eval: resumed in {out}: {len(cases) - ran} of {len(cases)} cases were done", file=sys.stderr)
+    return finish(out, args, load_before, args.without_rule)
+
+
+def rediagnose(out: Path, args: argparse.Namespace) -> int:
+    """Re-score every stored run in `out` (or only --without-rule's cases) with the current rules."""
+    load_before = os.getloadavg()
+    protocol = _read_protocol(out)
+    if protocol is None:
+        raise UsageError(f"--rediagnose: {out} holds no eval (no protocol.json)")
+    interrupt_on_sigterm()
+    cases = stored_cases(out)
+    if args.without_rule:
+        cases = without_rule_cases(cases, args.without_rule)
+    n = 0
+    for case in cases:
+        run_dir = out / "runs" / case.name
+        if not (run_dir / "truth.json").exists():
+            continue
+        old = _read_json(run_dir / case.result_file) or {}
+        row = score_run(case, run_dir, {k: old[k] for k in ("run_s", "loadavg") if k in old})
+        row["rediagnosed"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        (run_dir / case.result_file).write_text(json.dumps(row, indent=2) + "\n")
+        n += 1
+    print(
+        f"eval: re-diagnosed {n} stored runs in {out} with the current rules (no run repeated)",
+        file=sys.stderr,
+    )
+    args.grid = protocol["grid"]
+    return finish(out, args, load_before, args.without_rule, rediagnosed=True)
+
+
+def finish(
+    out: Path, args: argparse.Namespace, load_before: tuple[float, float, float], without_rule: str | None,
+    rediagnosed: bool = False,
+) -> int:  # fmt: skip
+    """Summarize every row in `out`, write cases.jsonl, summary.json/.md and the dated result; print."""
+    from scenarios.faults import FAULTS
+    from scenarios.protocol import grid
+    from scenarios.scoring import markdown, summarize
+    from stepscope import results
+
+    protocol = _read_protocol(out) or {}
+    rows = load_rows(out, without_rule)
+    wanted = grid(list(FAULTS), protocol.get("grid", args.grid), SPLITS)
+    if without_rule:
+        wanted = [
+            dataclasses.replace(c, without_rule=without_rule) for c in wanted if c.expected == without_rule
+        ]
+    have = {r["case"] for r in rows}
+    sittings = _sittings(out)
+    summary = summarize(
+        rows,
+        protocol.get("grid", args.grid),
+        complete=all(c.name in have for c in wanted),
+        rediagnosed=rediagnosed,
+        without_rule=without_rule,
+        wall_s=round(sum(s.get("wall_s", 0.0) for s in sittings), 1),
+        run_s=round(sum(r.get("run_s") or 0.0 for r in rows), 1),
+        sittings=len(sittings),
+        duration_s=protocol.get("duration_s"),
+        model=protocol.get("model"),
+        out=str(out),
+    )
+    suffix = f"-without-{without_rule}" if without_rule else ""
+    (out / f"cases{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    page = markdown(summary, rows)
+    (out / f"summary{suffix}.md").write_text(page)
+    name = f"eval-{summary['grid']}{'' if summary['complete'] else '-partial'}{suffix}"
+    name += "-rediagnosed" if rediagnosed else ""
+    directory = Path(args.results_dir) if getattr(args, "results_dir", None) else results.DIRECTORY
+    path = results.write(name, {**summary, "rows": rows}, _arguments(args), load_before, directory)
+    print(page)
+    print(f"eval: {len(rows)} rows; {out}/summary{suffix}.json, {path}", file=sys.stderr)
     return 0
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k != "command" and not callable(v)}
+
+
+def _duration(raw: str) -> float:
+    try:
+        duration = float(raw)
+    except ValueError:
+        raise UsageError(f"--duration: expected seconds, got {raw!r}") from None
+    if duration < 10:
+        raise UsageError("--duration: at least 10 seconds")
+    return duration
+
+
+def _claim(out: Path, protocol: dict[str, Any], resume: bool) -> None:
+    """Make `out` this eval's directory: new, or (with --resume) one holding the same protocol."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
+    held = _read_protocol(out)
+    if held is not None and not resume:
+        raise UsageError(
+            f"--out: {out} holds an eval already; add --resume to continue it, or choose a new one"
+        )
+    if held is not None and held != protocol:
+        raise UsageError(f"--resume: {out} holds a different eval ({held}); this one is {protocol}")
+    out.mkdir(parents=True, exist_ok=True)
+    if held is None:
+        (out / "protocol.json").write_text(json.dumps(protocol, indent=2) + "\n")
+
+
+def _read_protocol(out: Path) -> dict[str, Any] | None:
+    return _read_json(out / "protocol.json")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _log_sitting(out: Path, sitting: dict[str, Any]) -> None:
+    with (out / "sittings.jsonl").open("a") as f:
+        f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **sitting}) + "\n")
+
+
+def _sittings(out: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (out / "sittings.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def stored_cases(out: Path) -> list[Case]:
+    """The cases with a run directory in `out` (from each one's case.json), in name order."""
+    cases = []
+    for path in sorted((out / "runs").glob("*/case.json")):
+        data = _read_json(path)
+        if isinstance(data, dict):
+            cases.append(dataclasses.replace(Case.from_json(data), without_rule=None))
+    return cases
+
+
+def load_rows(out: Path, without_rule: str | None = None) -> list[dict[str, Any]]:
+    """Every row in `out` (`result.json` of each run; `result-without-CAUSE.json` with `without_rule`)."""
+    name = f"result-without-{without_rule}.json" if without_rule else "result.json"
+    rows = [_read_json(p) for p in sorted((out / "runs").glob(f"*/{name}"))]
+    return [r for r in rows if isinstance(r, dict)]
 
 
 def interrupt_on_sigterm() -> None:
@@ -157,9 +328,24 @@ class Capacities:
         return value
 
 
+# -- one case -------------------------------------------------------------------------------------
+def case_config(case: Case, base: Any, out: Path) -> Any:
+    """The `ScenarioConfig` of `case` over the eval's `base`."""
+    from scenarios.protocol import DEFAULT_WORKLOAD
+
+    changes: dict[str, Any] = {
+        "out": out, "fault": case.fault, "value": case.value, "seed": case.seed,
+        "onset_fraction": case.onset_fraction,
+        "workload_of": None if case.fault or case.workload == DEFAULT_WORKLOAD else case.workload,
+    }  # fmt: skip
+    if case.load_fraction is not None:
+        changes["load_fraction"] = case.load_fraction
+    return dataclasses.replace(base, **changes)
+
+
 def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> dict[str, Any]:
-    """Run (unless done) and diagnose one case; the result is kept in `<case>/result.json`. The run is
-    stretched until both sides of the onset get enough requests at the case's capacity."""
+    """Run (unless its run is stored) and diagnose one case; its row goes to `<case>/result.json`. The run
+    is stretched until both sides of the onset get enough requests at the case's capacity."""
     import shutil
 
     from scenarios.config import fault_clients
@@ -167,145 +353,112 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> d
     from scenarios.runner import run_scenario
 
     out = runs_dir / case.name
-    done = out / "result.json"
-    if done.exists():
-        return json.loads(done.read_text())
+    measured: dict[str, Any] = {}
     if not (out / "truth.json").exists():
         shutil.rmtree(out, ignore_errors=True)  # a run cut short: start it again
-        cfg = dataclasses.replace(base, out=out, fault=case.fault, value=case.value, seed=case.seed)
+        out.mkdir(parents=True)
+        (out / "case.json").write_text(
+            json.dumps(dataclasses.replace(case, without_rule=None).to_json()) + "\n"
+        )
+        cfg = case_config(case, base, out)
         try:
             cap = capacities(case, cfg)
             clients = fault_clients(cfg)  # a closed loop completes about its share of the full batch's rate
             share = cfg.load_fraction if clients is None else min(1.0, clients / cfg.max_num_seqs)
-            needed = math.ceil(min_duration_s(share * cap))
+            needed = math.ceil(min_duration_s(share * cap, case.onset_fraction))
             cfg.duration_s = min(max(cfg.duration_s, needed), MAX_DURATION_S)
-            run_scenario(cfg, cap)
-        except RuntimeError as e:  # a process that would not start: score it as missed, retry on resume
-            return score_case(case, None, {"error": str(e)})
-    result = score_case(case, out, _diagnose_in_child(out))
-    done.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+            with LoadSampler() as load:
+                t0 = time.monotonic()
+                run_scenario(cfg, cap)
+            measured = {"run_s": round(time.monotonic() - t0, 1), "loadavg": load.figures()}
+        except RuntimeError as e:  # a process that would not start: a missed case, run again on resume
+            from scenarios.scoring import score
+
+            return write_row(case, out, score(case, None, {"error": str(e)}))
+    return write_row(case, out, score_run(case, out, measured))
 
 
-def _diagnose_in_child(run_dir: Path) -> dict[str, Any]:
+def score_run(case: Case, run_dir: Path, measured: dict[str, Any]) -> dict[str, Any]:
+    """Diagnose a stored run and score it (`measured`: run seconds and load average, kept in the row)."""
+    from scenarios.scoring import score
+
+    truth = json.loads((run_dir / "truth.json").read_text())
+    t0 = time.monotonic()
+    row = score(case, truth, _diagnose_in_child(run_dir, case.without_rule))
+    if "loadavg" not in measured and truth.get("loadavg_1m"):
+        measured = {**measured, "loadavg": truth["loadavg_1m"]}
+    return row | {"run_s": measured.get("run_s"), "loadavg": measured.get("loadavg"),
+                  "diagnose_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def write_row(case: Case, run_dir: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """Keep `row` as the case's result file in its run directory."""
+    (run_dir / case.result_file).write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+class LoadSampler:
+    """The 1-minute load average sampled every `LOAD_SAMPLE_S` in a thread while a run goes on."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(LOAD_SAMPLE_S):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def figures(self) -> dict[str, float]:
+        s = self.samples
+        return {"start": round(s[0], 2), "end": round(s[-1], 2), "mean": round(sum(s) / len(s), 2),
+                "max": round(max(s), 2)}  # fmt: skip
+
+
+def _diagnose_in_child(run_dir: Path, without_rule: str | None = None) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "scenarios.eval", str(run_dir)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "scenarios.eval", str(run_dir), *([without_rule] if without_rule else [])],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-2000:]}
     return json.loads(proc.stdout)
 
 
-def diagnose_run(run_dir: Path) -> dict[str, Any]:
-    """Both diagnoses of one run: `{"no_baseline": Diagnosis JSON, "baseline": Diagnosis JSON}`."""
+def diagnose_run(run_dir: Path, without_rule: str | None = None) -> dict[str, Any]:
+    """Both diagnoses of one run: `{"no_baseline": Diagnosis JSON, "baseline": Diagnosis JSON}`, with the
+    rule of cause `without_rule` switched off when given. The baseline mode splits at the true onset (a
+    healthy run: at its case's onset fraction)."""
     from collector.client import open_reader
     from collector.timerange import TimeRange
     from diagnosis.pipeline import diagnose
 
     truth = json.loads((run_dir / "truth.json").read_text())
+    case = _read_json(run_dir / "case.json") or {}
     start, end = truth["start"], truth["end"]
-    split = truth["onset"] or (start + end) / 2
+    split = truth["onset"] or start + (end - start) * float(case.get("onset_fraction", 0.5))
+    off = {"without_rules": (without_rule,)} if without_rule else {}
     source = open_reader(store=truth["store"])
     try:
-        whole = diagnose(source, window=TimeRange(start, end))
-        given = diagnose(source, window=TimeRange(split, end), baseline=TimeRange(start, split))
+        whole = diagnose(source, window=TimeRange(start, end), **off)
+        given = diagnose(source, window=TimeRange(split, end), baseline=TimeRange(start, split), **off)
         return {"no_baseline": whole.to_json(), "baseline": given.to_json()}
     finally:
         source.close()
 
 
-def score_case(case: Case, run_dir: Path | None, diagnoses: dict[str, Any]) -> dict[str, Any]:
-    """One case's line of the scoreboard, for both modes (`run_dir` None: the run failed)."""
-    truth = json.loads((run_dir / "truth.json").read_text()) if run_dir else {"onset": None}
-    result: dict[str, Any] = {
-        "case": case.name, "fault": case.fault, "value": case.value, "seed": case.seed,
-        "expected": case.expected, "run_dir": str(run_dir or ""), "onset": truth["onset"],
-        "requests_stored": truth.get("requests_stored"),
-    }  # fmt: skip
-    if "error" in diagnoses:
-        result["error"] = diagnoses["error"]
-    for mode in ("no_baseline", "baseline"):
-        findings = diagnoses.get(mode, {}).get("findings", [])
-        top = findings[0] if findings else None
-        onset_error = None
-        if top and top.get("onset") is not None and truth["onset"] is not None:
-            onset_error = round(abs(top["onset"] - truth["onset"]), 2)
-        result[mode] = {
-            "predicted": top["cause"] if top else None,
-            "confidence": top["confidence"] if top else None,
-            "causes": [f["cause"] for f in findings],
-            "regressions": [
-                r.get("metric", r.get("name")) for r in diagnoses.get(mode, {}).get("regressions", [])
-            ],
-            "onset_error_s": onset_error,
-            "correct": (top["cause"] if top else None) == case.expected,
-        }
-    result |= {k: result["no_baseline"][k] for k in ("predicted", "confidence", "onset_error_s", "correct")}
-    return result
-
-
-def scoreboard(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Top-1 accuracy over fault runs, findings on healthy runs, onset error, confusion; per mode."""
-    board: dict[str, Any] = {}
-    for mode in ("no_baseline", "baseline"):
-        faulty = [r for r in results if r["fault"] is not None]
-        healthy = [r for r in results if r["fault"] is None]
-        errors = [
-            r[mode]["onset_error_s"]
-            for r in faulty
-            if r[mode]["correct"] and r[mode]["onset_error_s"] is not None
-        ]
-        confusion: dict[str, dict[str, int]] = {}
-        for r in results:
-            row = confusion.setdefault(r["expected"] or "healthy", {})
-            col = r[mode]["predicted"] or "none"
-            row[col] = row.get(col, 0) + 1
-        board[mode] = {
-            "top1_accuracy": round(sum(r[mode]["correct"] for r in faulty) / len(faulty), 3)
-            if faulty
-            else None,
-            "healthy_false_positives": sum(bool(r[mode]["causes"]) for r in healthy),
-            "healthy_runs": len(healthy),
-            "fault_runs": len(faulty),
-            "mean_onset_error_s": round(sum(errors) / len(errors), 2) if errors else None,
-            "confusion": confusion,
-        }
-    head = board["no_baseline"]  # the headline: what a user gets first, with no baseline to give
-    return {
-        "top1_accuracy": head["top1_accuracy"],
-        "healthy_false_positives": head["healthy_false_positives"],
-        "mean_onset_error_s": head["mean_onset_error_s"],
-        "mode": "no_baseline",
-        "top1_accuracy_by_mode": {mode: board[mode]["top1_accuracy"] for mode in board},
-        "healthy_false_positives_by_mode": {mode: board[mode]["healthy_false_positives"] for mode in board},
-        **board,
-        "cases": results,
-    }
-
-
-def render(board: dict[str, Any]) -> str:
-    """The confusion matrix and the headline figures, as text."""
-    lines = []
-    for mode in ("no_baseline", "baseline"):
-        b = board[mode]
-        conf = b["confusion"]
-        cols = sorted({c for row in conf.values() for c in row})
-        width = max([len(c) for c in cols] + [8])
-        lines.append(f"\n{mode}: rows = injected, columns = top finding")
-        lines.append(" " * 22 + " ".join(c[:width].rjust(width) for c in cols))
-        for name, row in conf.items():
-            lines.append(name[:22].ljust(22) + " ".join(str(row.get(c, "")).rjust(width) for c in cols))
-        lines.append(
-            f"top-1 accuracy {b['top1_accuracy']} over {b['fault_runs']} fault runs; findings on healthy "
-            f"runs {b['healthy_false_positives']}/{b['healthy_runs']}; "
-            f"mean onset error {b['mean_onset_error_s']} s"
-        )
-    lines.append(
-        f"\ntop1_accuracy (headline, no baseline) {board['top1_accuracy']}; with the baseline given "
-        f"{board['baseline']['top1_accuracy']}"
-    )
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":  # the child process of `_diagnose_in_child`
-    print(json.dumps(diagnose_run(Path(sys.argv[1]))))
+    print(json.dumps(diagnose_run(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)))

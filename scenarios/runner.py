@@ -139,6 +139,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         warm_up(url, cfg.model)
         cfg.log(
             f"scenario: {cfg.fault or 'healthy'}={cfg.value} "
+            f"{f'under the {cfg.workload_of} workload, ' if cfg.workload_of else ''}"
             f"{f'{fault_clients(cfg)} clients' if closed else f'rate {rate}/s'} "
             f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
         )
@@ -163,6 +164,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "clients": fault_clients(cfg),  # closed loop instead of the rate
         "duration_s": cfg.duration_s,
         "onset_s": cfg.onset if cfg.fault else None,
+        "workload_of": cfg.workload_of,  # a healthy run under this fault's workload, demand and engine
         "store": f"chdb://{cfg.out}",
         "requests_stored": n,
         "client": run["summary"],

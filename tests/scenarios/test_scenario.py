@@ -14,7 +14,6 @@ import pytest
 from loadgen.workloads import WorkloadShift
 from scenarios.calibrate import steady_rate
 from scenarios.config import ScenarioConfig, load_specs, workloads
-from scenarios.eval import Case, grid, scoreboard
 from scenarios.faults import FAULTS, parse_fault
 from scenarios.runner import run_scenario
 
@@ -80,46 +79,6 @@ def test_scenario_cli_refuses_bad_input_with_exit_2(tmp_path: Path):
         )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1
-
-
-def test_eval_grid_and_scoreboard_count_hits_and_healthy_findings():
-    quick = grid(list(FAULTS), quick=True)
-    assert len([c for c in quick if c.fault is None]) == 2 and len(quick) == len(FAULTS) + 2
-    full = grid(["overload", "prefill_interference"], quick=False)
-    assert len(full) == 2 * 3 + 1 * 3 + 3  # a fault without a value runs once per seed
-    assert Case("overload", 3.0, 1).expected == "queueing_overload"
-
-    def res(fault, predicted, causes):
-        expected = Case(fault, None, 1).expected
-        mode = {
-            "predicted": predicted,
-            "causes": causes,
-            "onset_error_s": 1.0,
-            "correct": predicted == expected,
-        }
-        return {"fault": fault, "expected": expected, "no_baseline": mode, "baseline": mode}
-
-    board = scoreboard([res("overload", "queueing_overload", ["queueing_overload"]),
-                        res("scheduler_stall", "rpc_overhead", ["rpc_overhead"]),
-                        res(None, None, []), res(None, "long_prompts", ["long_prompts"])])  # fmt: skip
-    assert board["top1_accuracy"] == 0.5
-    assert board["healthy_false_positives"] == 1
-    assert board["no_baseline"]["confusion"]["scheduler_stall"] == {"rpc_overhead": 1}
-
-
-def test_scoreboard_reports_both_modes_with_no_baseline_as_the_headline():
-    def res(fault, no_baseline, baseline):
-        expected = Case(fault, None, 1).expected
-        modes = {
-            m: {"predicted": p, "causes": [p] if p else [], "onset_error_s": 0.0, "correct": p == expected}
-            for m, p in (("no_baseline", no_baseline), ("baseline", baseline))
-        }
-        return {"fault": fault, "expected": expected, **modes}
-
-    board = scoreboard([res("long_prompts", None, "long_prompts"), res(None, None, None)])
-    assert board["mode"] == "no_baseline" and board["top1_accuracy"] == 0.0
-    assert board["top1_accuracy_by_mode"] == {"no_baseline": 0.0, "baseline": 1.0}
-    assert board["healthy_false_positives_by_mode"] == {"no_baseline": 0, "baseline": 0}
 
 
 def test_faults_bring_the_workload_and_demand_they_need_to_show():

@@ -1,0 +1,196 @@
+"""The eval's protocol: the cases a grid holds, their split, and each case's draws from its seed.
+
+    grid(list(FAULTS), "full", ("dev", "holdout"))   # every fault x 2 magnitudes x 2 seeds, healthy runs
+    grid(["overload"], "quick", ("dev",))            # one case at the fault's default, healthy runs
+
+- **full**: each fault at two magnitudes x two seeds, one `dev` and one `holdout`. Magnitude k of 2 is
+  drawn uniformly from the k-th half of the fault's range (`Fault.value_range`; integer bounds draw
+  integers), the onset uniformly from `ONSET_RANGE` of the run, the load fraction uniformly from
+  `LOAD_RANGE` of the capacity where the run's demand is the open-loop rate (closed-loop demand has none).
+  Healthy runs under every distinct workload of the chosen faults (the same closed-loop clients,
+  documents, system prompt and engine settings, with no switch) plus the default load, at both seeds.
+- **quick**: each fault once at its default magnitude, the onset at half the run and the default load
+  fraction (`ScenarioConfig`'s), plus healthy runs under the default workload and one other; dev only.
+
+**The split rule**: a case's split is its seed's. Seeds below `HOLDOUT_FROM_SEED` are `dev`: rules and
+thresholds may be tuned on them. Seeds from it up are `holdout`: for reporting only, never looked at
+while tuning. Every draw comes from `random.Random("<fault>/<workload>/<k>/<seed>")`, so a case is
+reproducible from its seed, and a holdout case's magnitude, onset and load are as unseen as its seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+
+from scenarios.faults import FAULTS
+
+GRIDS = ("quick", "full")
+SPLITS = ("dev", "holdout")
+HOLDOUT_FROM_SEED = 1000
+FAULT_SEEDS = {"dev": 1, "holdout": 1001}
+HEALTHY_SEEDS = {"dev": 100, "holdout": 1100}
+MAGNITUDES = 2  # per fault and seed in the full grid
+ONSET_RANGE = (0.3, 0.7)  # of the run
+LOAD_RANGE = (0.25, 0.55)  # of the calibrated capacity, for open-loop demand
+DEFAULT_WORKLOAD = "default"
+# The rule that should win for each injected fault, where it is not named as the fault is.
+EXPECTED_CAUSE = {
+    "overload": "queueing_overload",
+    "cpu_contention": "compute_slowdown",
+    "frontend_cpu": "frontend_bottleneck",
+}
+
+
+def split_of(seed: int) -> str:
+    """`dev` or `holdout`: the split rule."""
+    return "holdout" if seed >= HOLDOUT_FROM_SEED else "dev"
+
+
+def expected_cause(fault: str) -> str:
+    """The cause the diagnosis should name for `fault`."""
+    return EXPECTED_CAUSE.get(fault, fault)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One scenario run of the grid, with its draws."""
+
+    fault: str | None  # None: a healthy run
+    seed: int
+    index: int = 0  # which of the fault's magnitudes (full grid)
+    value: float | None = None
+    onset_fraction: float = 0.5  # of the run (a healthy run: where the baseline mode splits it)
+    load_fraction: float | None = None  # of capacity; None: closed-loop demand
+    workload: str = DEFAULT_WORKLOAD  # the fault whose workload the run has, or `default`
+    drawn: bool = True  # False: the quick grid's fixed point
+    without_rule: str | None = None  # the cause whose rule is switched off: the case must be unexplained
+
+    @property
+    def name(self) -> str:
+        if self.fault is None:
+            return f"healthy-{self.workload}-s{self.seed}"
+        return f"{self.fault}-m{self.index}-s{self.seed}" if self.drawn else f"{self.fault}-s{self.seed}"
+
+    @property
+    def split(self) -> str:
+        return split_of(self.seed)
+
+    @property
+    def expected(self) -> str | None:
+        if self.fault is None:
+            return None
+        return "unexplained" if self.without_rule else expected_cause(self.fault)
+
+    @property
+    def result_file(self) -> str:
+        return f"result-without-{self.without_rule}.json" if self.without_rule else "result.json"
+
+    def to_json(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Case:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
+
+
+def draw(fault: str | None, index: int, seed: int, workload: str = DEFAULT_WORKLOAD) -> Case:
+    """The full grid's case `index` of `fault` (None: healthy under `workload`) at `seed`."""
+    rng = random.Random(f"{fault or 'healthy'}/{workload}/{index}/{seed}")
+    u_value, u_onset, u_load = rng.random(), rng.random(), rng.random()  # always three, in this order
+    value = None
+    span = FAULTS[fault].value_range if fault else None
+    if span is not None:
+        lo, hi = span
+        width = (hi - lo) / MAGNITUDES
+        raw = lo + width * (index + u_value)
+        value = float(round(raw)) if all(isinstance(b, int) for b in span) else round(raw, 3)
+    setting = fault or (None if workload == DEFAULT_WORKLOAD else workload)
+    open_loop = setting is None or FAULTS[setting].open_loop
+    return Case(
+        fault=fault,
+        seed=seed,
+        index=index,
+        value=value,
+        onset_fraction=round(_between(ONSET_RANGE, u_onset), 3),
+        load_fraction=round(_between(LOAD_RANGE, u_load), 3) if open_loop else None,
+        workload=fault or workload,
+    )
+
+
+def _between(bounds: tuple[float, float], u: float) -> float:
+    return bounds[0] + (bounds[1] - bounds[0]) * u
+
+
+def healthy_workloads(faults: list[str]) -> dict[str, list[str]]:
+    """The distinct workloads of `faults` (their documents, system prompt, closed-loop clients and
+    engine options): name -> the faults that share it. The default workload comes first, always."""
+    by_setting: dict[tuple[object, ...], str] = {}
+    out: dict[str, list[str]] = {DEFAULT_WORKLOAD: []}
+    for name in faults:
+        f = FAULTS[name]
+        key = (tuple(sorted((k, repr(v)) for k, v in f.workload.items())), f.clients, f.serve_args)
+        if key == ((), None, ()):
+            out[DEFAULT_WORKLOAD].append(name)
+            continue
+        label = by_setting.setdefault(key, name)
+        out.setdefault(label, []).append(name)
+    return out
+
+
+def grid(faults: list[str], kind: str, splits: tuple[str, ...] = SPLITS) -> list[Case]:
+    """The cases of grid `kind` for `faults` in `splits` (healthy runs last)."""
+    if kind == "quick":
+        return _quick(faults) if "dev" in splits else []
+    cases = [
+        draw(name, k, FAULT_SEEDS[split], name)
+        for name in faults
+        for split in splits
+        for k in range(MAGNITUDES)
+    ]
+    for workload in healthy_workloads(faults):
+        cases += [draw(None, 0, HEALTHY_SEEDS[split], workload) for split in splits]
+    return cases
+
+
+def _quick(faults: list[str]) -> list[Case]:
+    from scenarios.config import ScenarioConfig
+
+    defaults = {f.name: f.default for f in fields(ScenarioConfig)}
+    seed = FAULT_SEEDS["dev"]
+
+    def fixed(fault: str | None, workload: str) -> Case:
+        setting = fault or (None if workload == DEFAULT_WORKLOAD else workload)
+        open_loop = setting is None or FAULTS[setting].open_loop
+        return Case(
+            fault=fault,
+            seed=seed if fault else HEALTHY_SEEDS["dev"],
+            value=FAULTS[fault].default if fault else None,
+            onset_fraction=defaults["onset_fraction"],
+            load_fraction=defaults["load_fraction"] if open_loop else None,
+            workload=workload,
+            drawn=False,
+        )
+
+    # Healthy: the default workload and one other, a closed-loop one where there is (a busy batch is
+    # where a finding on a healthy run is likeliest).
+    others = [w for w in healthy_workloads(faults) if w != DEFAULT_WORKLOAD]
+    busy = [w for w in others if not FAULTS[w].open_loop]
+    healthy = [DEFAULT_WORKLOAD, *(busy or others)[:1]]
+    return [fixed(name, name) for name in faults] + [fixed(None, w) for w in healthy]
+
+
+def resolve_only(names: list[str]) -> list[str]:
+    """Faults named by `--only`: fault names or the causes they are expected to produce, in table order.
+    ValueError naming the unknown ones."""
+    wanted: set[str] = set()
+    unknown = []
+    for name in names:
+        hits = [f for f in FAULTS if name in (f, expected_cause(f))]
+        if not hits:
+            unknown.append(name)
+        wanted.update(hits)
+    if unknown:
+        raise ValueError(f"unknown fault or cause {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    return [f for f in FAULTS if f in wanted]
