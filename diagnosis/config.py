@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class DiagnosisConfig:
-    """Thresholds and sizes of one diagnosis. Frozen: pass a new one (dataclasses.replace) to change it."""
+    """Thresholds and sizes of one diagnosis. Frozen: pass a new one (dataclasses.replace) to change it.
+
+    Tuning: a value here may be set from the `dev` cases of `stepscope eval` only (seeds below 1000, with
+    their magnitude, onset and load draws) and from healthy runs; the `holdout` cases (seeds 1000 and up)
+    are for reporting, never looked at while tuning (`scenarios/protocol.py`, docs/faults.md)."""
 
     # --- regression detection ----------------------------------------------------------------------
     # P99 up by a quarter is what an on-call engineer acts on; healthy halves on the shared machine moved

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--disagg", action="store_true", help="serve disaggregated: router, 1 prefill + 1 decode worker"
     )
-    sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
+    sub.add_parser("list", help="the faults, their defaults, eval ranges and demand")
     facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
     facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
 
@@ -128,9 +128,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "list":
         for f in FAULTS.values():
-            mags = ", ".join("-" if m is None else f"{m:g}" for m in f.magnitudes)
+            span = f.value_range
             default = "-" if f.default is None else f"{f.default:g}"
-            print(f"{f.name:22} default {default:>6}  eval {mags:12}  {f.help}")
+            drawn = "-" if span is None else f"{span[0]:g}-{span[1]:g}"
+            demand = "open loop" if f.open_loop else f"{f.clients} clients"
+            print(f"{f.name:22} default {default:>6}  range {drawn:10} {demand:11}  {f.help}")
         return 0
     if args.action == "facts":
         from scenarios.facts import measure

@@ -71,7 +71,11 @@ def test_bad_fault_specs_are_refused(text: str, message: str):
 
 
 def test_scenario_cli_refuses_bad_input_with_exit_2(tmp_path: Path):
-    for extra in (["--fault", "nope"], ["--duration", "x"], ["--onset", "90", "--duration", "60"]):
+    for extra in (
+        ["--fault", "nope"], ["--duration", "x"], ["--onset", "90", "--duration", "60"],
+        ["--onset-fraction", "1.5"], ["--workload-of", "nope"],
+        ["--fault", "overload", "--workload-of", "overload"],
+    ):  # fmt: skip
         proc = subprocess.run(
             [sys.executable, "-m", "stepscope", "scenario", "run", "--out", str(tmp_path / "r"), *extra],
             capture_output=True,
