@@ -157,7 +157,12 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         f"# stepscope eval: {s['grid']} grid",
         "",
-        f"Headline: holdout split, diagnosed with no baseline given. {s['cases']} cases "
+        (
+            "Headline: the holdout split"
+            if s["by_split"]["holdout"]["fault_cases"]
+            else "No holdout cases: dev only"
+        )
+        + f", diagnosed with no baseline given. {s['cases']} cases "
         f"({s['fault_cases']} fault, {s['healthy_runs']} healthy, {s['failed_runs']} failed runs)"
         + (", re-diagnosed from stored runs" if s.get("rediagnosed") else "")
         + (f", wall time {s['wall_s'] / 60:.1f} min" if s.get("wall_s") is not None else "")
