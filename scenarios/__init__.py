@@ -6,6 +6,7 @@
 - `calibrate`: the engine's capacity on this machine, which sizes the load.
 - `runner`: one run end to end (`run_scenario`, `truth.json`).
 - `facts`: what the fault changed, from the run's store.
-- `protocol`: the eval's grids, dev/holdout splits and each case's draws; `scoring`: rows and the summary.
+- `protocol`: the eval's grids, dev/holdout splits and each case's draws; `scoring`: rows and the summary;
+  `evaldir`: what an eval keeps in its directory.
 - `cli` (`stepscope scenario`), `eval` (`stepscope eval`).
 """

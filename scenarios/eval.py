@@ -8,12 +8,13 @@
     stepscope eval --without-rule compute_slowdown --out /tmp/eval-wr   # its cases: `unexplained`, no other
 
 The grids, the splits and the draws are `scenarios.protocol`'s; the rows and the summary
-`scenarios.scoring`'s. Each case is one `run_scenario` in `DIR/runs/<case>/` (its `case.json`, `truth.json`
-and chDB store kept), then two diagnoses of its store in a child process (chDB allows one data directory
-per process): the headline one over the whole run with no baseline, and one with the baseline given as
-[start, onset). A case whose row (`result.json`) exists is not run again. DIR also gets `cases.jsonl` (one
-row per case), `summary.json` and `summary.md` over every row in DIR, so sittings merge; the summary goes
-to `benchmarks/results/<date>-<commit>-eval-<grid>.json` as well (`stepscope.results`).
+`scenarios.scoring`'s; the directory's layout `scenarios.evaldir`'s. Each case is one `run_scenario` in
+`DIR/runs/<case>/` (its `case.json`, `truth.json` and chDB store kept), then two diagnoses of its store in
+a child process (chDB allows one data directory per process): the headline one over the whole run with
+no baseline, and one with the baseline given as [start, onset). A case whose row (`result.json`) exists
+is not run again. DIR also gets `cases.jsonl` (one row per case), `summary.json` and `summary.md` over
+every row in DIR, so sittings merge; the summary goes to
+`benchmarks/results/<date>-<commit>-eval-<grid>.json` as well (`stepscope.results`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scenarios import evaldir
 from scenarios.protocol import GRIDS, SPLITS, Case
 from stepscope.cli import UsageError
 
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     duration = _duration(args.duration)
     out = Path(args.out or f"/tmp/stepscope-eval-{args.grid}").resolve()
     protocol = {"grid": args.grid, "duration_s": duration, "model": args.model}
-    _claim(out, protocol, args.resume)
+    evaldir.claim(out, protocol, args.resume)
     cases = grid(faults, args.grid, splits)
     if args.without_rule:
         cases = without_rule_cases(cases, args.without_rule)
@@ -135,15 +137,20 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     interrupt_on_sigterm()
     ran = 0
-    for i, case in enumerate(cases, 1):
-        row = _read_json(out / "runs" / case.name / case.result_file)
-        if isinstance(row, dict) and "error" not in row:
-            continue  # done in an earlier sitting (a failed run is tried again)
-        print(f"eval: [{i}/{len(cases)}] {case.name} ({time.monotonic() - t0:.0f}s so far)", file=sys.stderr)
-        run_case(case, out / "runs", base, capacities)
-        ran += 1
-    _log_sitting(out, {"ran": ran, "wall_s": round(time.monotonic() - t0, 1), "arguments": _arguments(args),
-                       "capacity_rps": capacities.measured})  # fmt: skip
+    print(f"eval: {args.grid} grid, {len(cases)} cases in {out}", file=sys.stderr)
+    try:
+        for i, case in enumerate(cases, 1):
+            row = evaldir.read_json(out / "runs" / case.name / case.result_file)
+            if isinstance(row, dict) and "error" not in row:
+                continue  # done in an earlier sitting (a failed run is tried again)
+            print(
+                f"eval: [{i}/{len(cases)}] {case.name} ({time.monotonic() - t0:.0f}s so far)", file=sys.stderr
+            )
+            run_case(case, out / "runs", base, capacities)
+            ran += 1
+    finally:  # an interrupted sitting counts its time too; --resume continues it
+        evaldir.log_sitting(out, {"ran": ran, "wall_s": round(time.monotonic() - t0, 1),
+                           "arguments": _arguments(args), "capacity_rps": capacities.measured})  # fmt: skip
     if args.resume and ran < len(cases):
         print(f"eval: resumed in {out}: {len(cases) - ran} of {len(cases)} cases were done", file=sys.stderr)
     return finish(out, args, load_before, args.without_rule)
@@ -152,11 +159,11 @@ def run(args: argparse.Namespace) -> int:
 def rediagnose(out: Path, args: argparse.Namespace) -> int:
     """Re-score every stored run in `out` (or only --without-rule's cases) with the current rules."""
     load_before = os.getloadavg()
-    protocol = _read_protocol(out)
+    protocol = evaldir.read_protocol(out)
     if protocol is None:
         raise UsageError(f"--rediagnose: {out} holds no eval (no protocol.json)")
     interrupt_on_sigterm()
-    cases = stored_cases(out)
+    cases = evaldir.stored_cases(out)
     if args.without_rule:
         cases = without_rule_cases(cases, args.without_rule)
     n = 0
@@ -164,10 +171,10 @@ def rediagnose(out: Path, args: argparse.Namespace) -> int:
         run_dir = out / "runs" / case.name
         if not (run_dir / "truth.json").exists():
             continue
-        old = _read_json(run_dir / case.result_file) or {}
+        old = evaldir.read_json(run_dir / case.result_file) or {}
         row = score_run(case, run_dir, {k: old[k] for k in ("run_s", "loadavg") if k in old})
         row["rediagnosed"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        (run_dir / case.result_file).write_text(json.dumps(row, indent=2) + "\n")
+        evaldir.write_row(case, run_dir, row)
         n += 1
     print(
         f"eval: re-diagnosed {n} stored runs in {out} with the current rules (no run repeated)",
@@ -187,15 +194,15 @@ def finish(
     from scenarios.scoring import markdown, summarize
     from stepscope import results
 
-    protocol = _read_protocol(out) or {}
-    rows = load_rows(out, without_rule)
+    protocol = evaldir.read_protocol(out) or {}
+    rows = evaldir.load_rows(out, without_rule)
     wanted = grid(list(FAULTS), protocol.get("grid", args.grid), SPLITS)
     if without_rule:
         wanted = [
             dataclasses.replace(c, without_rule=without_rule) for c in wanted if c.expected == without_rule
         ]
     have = {r["case"] for r in rows}
-    sittings = _sittings(out)
+    sittings = evaldir.sittings(out)
     summary = summarize(
         rows,
         protocol.get("grid", args.grid),
@@ -235,63 +242,6 @@ def _duration(raw: str) -> float:
     if duration < 10:
         raise UsageError("--duration: at least 10 seconds")
     return duration
-
-
-def _claim(out: Path, protocol: dict[str, Any], resume: bool) -> None:
-    """Make `out` this eval's directory: new, or (with --resume) one holding the same protocol."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a directory")
-    held = _read_protocol(out)
-    if held is not None and not resume:
-        raise UsageError(
-            f"--out: {out} holds an eval already; add --resume to continue it, or choose a new one"
-        )
-    if held is not None and held != protocol:
-        raise UsageError(f"--resume: {out} holds a different eval ({held}); this one is {protocol}")
-    out.mkdir(parents=True, exist_ok=True)
-    if held is None:
-        (out / "protocol.json").write_text(json.dumps(protocol, indent=2) + "\n")
-
-
-def _read_protocol(out: Path) -> dict[str, Any] | None:
-    return _read_json(out / "protocol.json")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _log_sitting(out: Path, sitting: dict[str, Any]) -> None:
-    with (out / "sittings.jsonl").open("a") as f:
-        f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **sitting}) + "\n")
-
-
-def _sittings(out: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (out / "sittings.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def stored_cases(out: Path) -> list[Case]:
-    """The cases with a run directory in `out` (from each one's case.json), in name order."""
-    cases = []
-    for path in sorted((out / "runs").glob("*/case.json")):
-        data = _read_json(path)
-        if isinstance(data, dict):
-            cases.append(dataclasses.replace(Case.from_json(data), without_rule=None))
-    return cases
-
-
-def load_rows(out: Path, without_rule: str | None = None) -> list[dict[str, Any]]:
-    """Every row in `out` (`result.json` of each run; `result-without-CAUSE.json` with `without_rule`)."""
-    name = f"result-without-{without_rule}.json" if without_rule else "result.json"
-    rows = [_read_json(p) for p in sorted((out / "runs").glob(f"*/{name}"))]
-    return [r for r in rows if isinstance(r, dict)]
 
 
 def interrupt_on_sigterm() -> None:
@@ -374,8 +324,8 @@ def run_case(case: Case, runs_dir: Path, base: Any, capacities: Capacities) -> d
         except RuntimeError as e:  # a process that would not start: a missed case, run again on resume
             from scenarios.scoring import score
 
-            return write_row(case, out, score(case, None, {"error": str(e)}))
-    return write_row(case, out, score_run(case, out, measured))
+            return evaldir.write_row(case, out, score(case, None, {"error": str(e)}))
+    return evaldir.write_row(case, out, score_run(case, out, measured))
 
 
 def score_run(case: Case, run_dir: Path, measured: dict[str, Any]) -> dict[str, Any]:
@@ -389,12 +339,6 @@ def score_run(case: Case, run_dir: Path, measured: dict[str, Any]) -> dict[str, 
         measured = {**measured, "loadavg": truth["loadavg_1m"]}
     return row | {"run_s": measured.get("run_s"), "loadavg": measured.get("loadavg"),
                   "diagnose_s": round(time.monotonic() - t0, 1)}  # fmt: skip
-
-
-def write_row(case: Case, run_dir: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """Keep `row` as the case's result file in its run directory."""
-    (run_dir / case.result_file).write_text(json.dumps(row, indent=2) + "\n")
-    return row
 
 
 class LoadSampler:
@@ -447,7 +391,7 @@ def diagnose_run(run_dir: Path, without_rule: str | None = None) -> dict[str, An
     from diagnosis.pipeline import diagnose
 
     truth = json.loads((run_dir / "truth.json").read_text())
-    case = _read_json(run_dir / "case.json") or {}
+    case = evaldir.read_json(run_dir / "case.json") or {}
     start, end = truth["start"], truth["end"]
     split = truth["onset"] or start + (end - start) * float(case.get("onset_fraction", 0.5))
     off = {"without_rules": (without_rule,)} if without_rule else {}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from scenarios import eval as ev
+from scenarios import evaldir
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload
 from scenarios.faults import FAULTS
 from scenarios.protocol import (
@@ -204,7 +205,7 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (out / "truth.json").write_text(json.dumps({"onset": ONSET, "start": 0, "end": 1}))
         right = case.split == "dev" or case.fault is None
         causes = (case.expected,) if case.fault and right else ("long_prompts",) if not right else ()
-        return ev.write_row(case, out, _row(case, *causes) | {"run_s": 90.0})
+        return evaldir.write_row(case, out, _row(case, *causes) | {"run_s": 90.0})
 
     monkeypatch.setattr(ev, "run_case", run_case)
     return ran
