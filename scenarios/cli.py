@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--disagg", action="store_true", help="serve disaggregated: router, 1 prefill + 1 decode worker"
     )
-    sub.add_parser("list", help="the faults, their defaults, eval ranges and demand")
+    sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
     facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
     facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
 
@@ -105,8 +105,8 @@ def config_from_args(args: argparse.Namespace) -> object:
     if (out / "truth.json").exists() or (out / "metadata").exists():
         raise UsageError(f"--out: {out} already holds a run; choose a new directory")
     return ScenarioConfig(
-        out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
         onset_fraction=onset_fraction, workload_of=workload_of,
+        out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
         seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
         disagg=bool(getattr(args, "disagg", False)),
     )  # fmt: skip

@@ -61,8 +61,9 @@ class ScenarioConfig:
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--num-kv-blocks", str(self.num_kv_blocks),
             "--num-threads", str(self.num_threads),
-            *(FAULTS[self.setting].serve_args if self.setting in FAULTS else ()),
-            *(("--disagg",) if self.disagg and self.setting != "kv_transfer_slow" else ()),
+            *(FAULTS[self.workload_of].serve_args if self.workload_of in FAULTS and not self.fault else ()),
+            *(FAULTS[self.fault].serve_args if self.fault in FAULTS else ()),
+            *(("--disagg",) if self.disagg and self.fault != "kv_transfer_slow" else ()),
         ]  # fmt: skip
 
 

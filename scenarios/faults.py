@@ -32,15 +32,6 @@ class Fault:
     help: str
     default: float | None  # None: the fault takes no value
     magnitudes: tuple[float | None, ...]  # two fixed points (`scenario list`); the range spans them
-    shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
-    limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
-    engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
-    serve_args: tuple[str, ...] = ()  # `stepscope serve` options the run needs from its start
-    # The workload the fault needs to show, in both halves (WorkloadConfig fields over
-    # `scenarios.config.workloads()`; a tuple is a length distribution: `Length`).
-    workload: dict[str, Any] = field(default_factory=dict)
-    # Closed-loop clients in all (both streams) instead of the open-loop rate: demand that queues.
-    clients: int | None = None
     # The range `stepscope eval --grid full` draws its two magnitudes from (docs/faults.md); integer
     # bounds draw integers. None: the span of `magnitudes`.
     magnitude_range: tuple[float, float] | None = None
@@ -59,6 +50,16 @@ class Fault:
     def open_loop(self) -> bool:
         """Whether the run's demand is the open-loop rate (a share of capacity), not closed-loop clients."""
         return self.clients is None
+
+    shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
+    limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
+    engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
+    serve_args: tuple[str, ...] = ()  # `stepscope serve` options the run needs from its start
+    # The workload the fault needs to show, in both halves (WorkloadConfig fields over
+    # `scenarios.config.workloads()`; a tuple is a length distribution: `Length`).
+    workload: dict[str, Any] = field(default_factory=dict)
+    # Closed-loop clients in all (both streams) instead of the open-loop rate: demand that queues.
+    clients: int | None = None
 
 
 FAULTS: dict[str, Fault] = {
