@@ -127,11 +127,13 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.faults import FAULTS
 
     if args.action == "list":
+        from scenarios.faults import open_loop, value_range
+
         for f in FAULTS.values():
-            span = f.value_range
+            span = value_range(f)
             default = "-" if f.default is None else f"{f.default:g}"
             drawn = "-" if span is None else f"{span[0]:g}-{span[1]:g}"
-            demand = "open loop" if f.open_loop else f"{f.clients} clients"
+            demand = "open loop" if open_loop(f) else f"{f.clients} clients"
             print(f"{f.name:22} default {default:>6}  range {drawn:10} {demand:11}  {f.help}")
         return 0
     if args.action == "facts":

@@ -35,22 +35,6 @@ class Fault:
     # The range `stepscope eval --grid full` draws its two magnitudes from (docs/faults.md); integer
     # bounds draw integers. None: the span of `magnitudes`.
     magnitude_range: tuple[float, float] | None = None
-
-    @property
-    def value_range(self) -> tuple[float, float] | None:
-        """The eval's magnitude range (None: the fault takes no value)."""
-        if self.default is None:
-            return None
-        if self.magnitude_range is not None:
-            return self.magnitude_range
-        values = [m for m in self.magnitudes if m is not None]
-        return (min(values), max(values))
-
-    @property
-    def open_loop(self) -> bool:
-        """Whether the run's demand is the open-loop rate (a share of capacity), not closed-loop clients."""
-        return self.clients is None
-
     shift: Callable[[float], dict[str, float]] | None = None  # -> WorkloadShift fields
     limits: Callable[[float, Limits], Limits] | None = None  # (value, current limits) -> changes
     engine: Callable[[float], dict[str, object]] | None = None  # -> /admin/faults body
@@ -172,6 +156,21 @@ FAULTS: dict[str, Fault] = {
         ),
     )
 }
+
+
+def value_range(fault: Fault) -> tuple[float, float] | None:
+    """The range `stepscope eval --grid full` draws `fault`'s magnitudes from (None: it takes no value)."""
+    if fault.default is None:
+        return None
+    if fault.magnitude_range is not None:
+        return fault.magnitude_range
+    values = [m for m in fault.magnitudes if m is not None]
+    return (min(values), max(values))
+
+
+def open_loop(fault: Fault) -> bool:
+    """Whether `fault`'s demand is the open-loop rate (a share of capacity), not closed-loop clients."""
+    return fault.clients is None
 
 
 def parse_fault(text: str) -> tuple[str, float | None]:

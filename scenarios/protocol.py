@@ -4,7 +4,7 @@
     grid(["overload"], "quick", ("dev",))            # one case at the fault's default, healthy runs
 
 - **full**: each fault at two magnitudes x two seeds, one `dev` and one `holdout`. Magnitude k of 2 is
-  drawn uniformly from the k-th half of the fault's range (`Fault.value_range`; integer bounds draw
+  drawn uniformly from the k-th half of the fault's range (`faults.value_range`; integer bounds draw
   integers), the onset uniformly from `ONSET_RANGE` of the run, the load fraction uniformly from
   `LOAD_RANGE` of the capacity where the run's demand is the open-loop rate (closed-loop demand has none).
   Healthy runs under every distinct workload of the chosen faults (the same closed-loop clients,
@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, fields
 
-from scenarios.faults import FAULTS
+from scenarios.faults import FAULTS, open_loop, value_range
 
 GRIDS = ("quick", "full")
 SPLITS = ("dev", "holdout")
@@ -100,21 +100,21 @@ def draw(fault: str | None, index: int, seed: int, workload: str = DEFAULT_WORKL
     rng = random.Random(f"{fault or 'healthy'}/{workload}/{index}/{seed}")
     u_value, u_onset, u_load = rng.random(), rng.random(), rng.random()  # always three, in this order
     value = None
-    span = FAULTS[fault].value_range if fault else None
+    span = value_range(FAULTS[fault]) if fault else None
     if span is not None:
         lo, hi = span
         width = (hi - lo) / MAGNITUDES
         raw = lo + width * (index + u_value)
         value = float(round(raw)) if all(isinstance(b, int) for b in span) else round(raw, 3)
     setting = fault or (None if workload == DEFAULT_WORKLOAD else workload)
-    open_loop = setting is None or FAULTS[setting].open_loop
+    is_open = setting is None or open_loop(FAULTS[setting])
     return Case(
         fault=fault,
         seed=seed,
         index=index,
         value=value,
         onset_fraction=round(_between(ONSET_RANGE, u_onset), 3),
-        load_fraction=round(_between(LOAD_RANGE, u_load), 3) if open_loop else None,
+        load_fraction=round(_between(LOAD_RANGE, u_load), 3) if is_open else None,
         workload=fault or workload,
     )
 
@@ -162,13 +162,13 @@ def _quick(faults: list[str]) -> list[Case]:
 
     def fixed(fault: str | None, workload: str) -> Case:
         setting = fault or (None if workload == DEFAULT_WORKLOAD else workload)
-        open_loop = setting is None or FAULTS[setting].open_loop
+        is_open = setting is None or open_loop(FAULTS[setting])
         return Case(
             fault=fault,
             seed=seed if fault else HEALTHY_SEEDS["dev"],
             value=FAULTS[fault].default if fault else None,
             onset_fraction=defaults["onset_fraction"],
-            load_fraction=defaults["load_fraction"] if open_loop else None,
+            load_fraction=defaults["load_fraction"] if is_open else None,
             workload=workload,
             drawn=False,
         )
@@ -176,7 +176,7 @@ def _quick(faults: list[str]) -> list[Case]:
     # Healthy: the default workload and one other, a closed-loop one where there is (a busy batch is
     # where a finding on a healthy run is likeliest).
     others = [w for w in healthy_workloads(faults) if w != DEFAULT_WORKLOAD]
-    busy = [w for w in others if not FAULTS[w].open_loop]
+    busy = [w for w in others if not open_loop(FAULTS[w])]
     healthy = [DEFAULT_WORKLOAD, *(busy or others)[:1]]
     return [fixed(name, name) for name in faults] + [fixed(None, w) for w in healthy]
 

@@ -13,7 +13,7 @@ import pytest
 from scenarios import eval as ev
 from scenarios import evaldir
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload
-from scenarios.faults import FAULTS
+from scenarios.faults import FAULTS, open_loop, value_range
 from scenarios.protocol import (
     LOAD_RANGE,
     ONSET_RANGE,
@@ -49,14 +49,14 @@ def test_full_grid_every_fault_at_two_magnitudes_from_its_range_times_a_dev_and_
         ]
         for c in mine:
             assert ONSET_RANGE[0] <= c.onset_fraction <= ONSET_RANGE[1]
-            if fault.open_loop:
+            if open_loop(fault):
                 assert LOAD_RANGE[0] <= c.load_fraction <= LOAD_RANGE[1]
             else:
                 assert c.load_fraction is None  # closed-loop clients bring the demand
-            if fault.value_range is None:
+            if value_range(fault) is None:
                 assert c.value is None
                 continue
-            lo, hi = fault.value_range
+            lo, hi = value_range(fault)
             half = (hi - lo) / 2
             assert lo + half * c.index - 0.5 <= c.value <= lo + half * (c.index + 1) + 0.5  # its half
             if all(isinstance(b, int) for b in (lo, hi)):
