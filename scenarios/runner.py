@@ -162,9 +162,9 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "engine": cfg.engine_args(),
         "workload": {k: str(v) for k, v in fault_workload(cfg).items()},  # the fault's, over the default
         "clients": fault_clients(cfg),  # closed loop instead of the rate
+        "workload_of": cfg.workload_of,  # a healthy run under this fault's workload, demand and engine
         "duration_s": cfg.duration_s,
         "onset_s": cfg.onset if cfg.fault else None,
-        "workload_of": cfg.workload_of,  # a healthy run under this fault's workload, demand and engine
         "store": f"chdb://{cfg.out}",
         "requests_stored": n,
         "client": run["summary"],
