@@ -34,11 +34,7 @@ from stepscope.cli import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
-# The acceptance fixture beside the project when it is there; the copy in tests/data on a bare clone.
-SCHEMAS = [
-    ROOT.parent / "shared" / "fixtures" / "compose-spec.json",
-    ROOT / "tests" / "data" / "compose-spec.json",
-]
+SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"  # the compose-spec schema (see tests/data/README.md)
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
 URL = re.compile(r"https?://(?:[^@/\s]+@)?([a-z][a-z0-9_-]*):(\d+)")
 IMAGE_PORTS = {"clickhouse": {8123}}  # services not started by a stepscope command: what the image listens on
@@ -133,8 +129,7 @@ def ports_of(services: dict[str, dict[str, Any]]) -> dict[str, set[int]]:
 
 
 def test_the_file_validates_against_the_compose_spec_schema(raw: dict[str, Any]) -> None:
-    schema_path = next(p for p in SCHEMAS if p.exists())
-    jsonschema.Draft7Validator(json.loads(schema_path.read_text())).validate(raw)  # its $schema: draft 7
+    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(raw)  # its $schema: draft 7
 
 
 def test_the_stack_has_clickhouse_collector_engine_dashboard_and_the_two_profiles(services) -> None:

@@ -12,8 +12,6 @@ import pytest
 
 from stepscope.procs import Proc, free_port
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "otlp"
-
 
 class Collector(Proc):
     """A running collector process."""

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "otlp"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "otlp"
 
 
 def test_sdk_exporter_spans_are_stored_with_the_exporters_encodings(start_collector):
