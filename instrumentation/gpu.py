@@ -4,17 +4,21 @@ Per GPU: SM utilization, memory-bandwidth utilization, memory used/total, power,
 temperature. The latest sample is exported as observable gauges and attached, once per sample, to
 the next `engine.step` span (`stepscope.gpu.<i>.<name>`, or `stepscope.host.cpu_utilization`).
 A counter the device does not support is left out; NVML failing mid-run stops sampling, quietly.
+`STEPSCOPE_NVML=0` in the environment turns NVML off: the host CPU is sampled, as without a driver.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from instrumentation import attributes as A
+
+NVML_ENV = "STEPSCOPE_NVML"  # "0": never open NVML, sample the host CPU
 
 
 def _nvml_reader(nvml: Any) -> Callable[[], dict[str, float]]:
@@ -72,7 +76,8 @@ class HostCpu:
 
 class GpuSampler:
     """Samples every `interval_s` on a daemon thread. `nvml`: the pynvml module (default) or a
-    stand-in with the same functions; without a usable NVML it says so once and samples the host CPU."""
+    stand-in with the same functions; without a usable NVML (or with `STEPSCOPE_NVML=0` and no
+    `nvml` given) it says so once and samples the host CPU."""
 
     def __init__(self, nvml: Any = None, interval_s: float = 1.0, log: Callable[[str], None] | None = None):
         self.interval_s = interval_s
@@ -80,6 +85,8 @@ class GpuSampler:
         self.source = "nvml"
         try:
             if nvml is None:
+                if os.environ.get(NVML_ENV) == "0":
+                    raise RuntimeError(f"turned off by {NVML_ENV}=0")
                 import pynvml as nvml
             self._read = _nvml_reader(nvml)
         except Exception as e:  # no driver, no library, no GPU: the usual case on a CPU machine

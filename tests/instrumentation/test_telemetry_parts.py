@@ -27,8 +27,8 @@ from instrumentation.providers import Telemetry, otlp_exporters
 
 
 class StandInNvml:
-    """stand-in: no GPU on these machines. Carries the pynvml functions GpuSampler calls, with the
-    units pynvml returns (percent, bytes, milliwatts, MHz, degrees C), for two GPUs."""
+    """stand-in (fake NVML): two GPUs on any host, driver or not. Carries the pynvml functions
+    GpuSampler calls, with the units pynvml returns (percent, bytes, milliwatts, MHz, degrees C)."""
 
     NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
 
@@ -69,6 +69,13 @@ class StandInNvml:
         return 61
 
 
+class DriverlessNvml(StandInNvml):
+    """stand-in (fake NVML): pynvml on a host without an NVIDIA driver, whose nvmlInit raises."""
+
+    def nvmlInit(self) -> None:
+        raise self.NVMLError("NVML Shared Library Not Found")
+
+
 # These two tests are about the gRPC exporter being absent (the default install: it is the `grpc` extra);
 # where it is installed the error they check cannot happen.
 NO_GRPC = pytest.mark.skipif(
@@ -103,11 +110,19 @@ def test_nvml_counters_become_step_attributes_and_gauges_in_si_units():
 
 def test_without_nvml_it_says_so_once_and_samples_host_cpu():
     logs = []
-    sampler = GpuSampler(log=logs.append)  # the real pynvml: no driver on these machines
-    assert sampler.source == "host" and len(logs) == 1 and "NVML" in logs[0]
+    sampler = GpuSampler(nvml=DriverlessNvml(), log=logs.append)
+    assert sampler.source == "host" and len(logs) == 1 and "NVML Shared Library Not Found" in logs[0]
     _burn_cpu()
     value = sampler.sample()[A.HOST_CPU_UTILIZATION]
     assert 0 < value <= 1 and len(logs) == 1
+
+
+def test_stepscope_nvml_0_samples_the_host_cpu_even_where_a_driver_is(monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_NVML", "0")
+    logs = []
+    sampler = GpuSampler(log=logs.append)  # pynvml is never opened, driver or not
+    assert sampler.source == "host" and len(logs) == 1 and "STEPSCOPE_NVML=0" in logs[0]
+    assert set(sampler.sample()) == {A.HOST_CPU_UTILIZATION}
 
 
 def test_the_hand_off_to_the_exporter_is_bounded_drops_and_counts_and_never_waits():
