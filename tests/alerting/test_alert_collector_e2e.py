@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
 import time
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from webhook_receiver import Receiver, dead_port
+from webhook_receiver import Receiver
 
 from stepscope.cli import main
+from tests.support.collector import start_collector
 
 RULES = """
 [notify]
@@ -70,31 +69,14 @@ def export(http: httpx.Client, url: str, ttfts: list[float]) -> None:
     ).raise_for_status()
 
 
-def start_collector(tmp_path, rules_path) -> tuple[subprocess.Popen, str]:
-    port = dead_port()
-    log = open(tmp_path / "collector.log", "w")  # noqa: SIM115 - the process keeps writing to it
-    proc = subprocess.Popen(
-        ["stepscope", "collector", "--store", f"chdb://{tmp_path / 'db'}", "--port", str(port),
-         "--alert-rules", str(rules_path)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).json().get("store") == "up":
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "collector.log").read_text()[-2000:]
-        time.sleep(0.25)
-    raise AssertionError("collector did not start")
-
-
 def test_breach_fires_once_with_the_diagnosis_and_resolves_after_recovery(tmp_path, capsys):
     receiver = Receiver()
     rules = tmp_path / "rules.toml"
     rules.write_text(RULES.format(wport=receiver.port))
-    proc, url = start_collector(tmp_path, rules)
+    collector = start_collector(
+        f"chdb://{tmp_path / 'db'}", tmp_path / "collector.log", "--alert-rules", str(rules), store_up=True
+    )
+    url = collector.url
     rng = random.Random(3)
     phases = []  # (phase, statuses received so far), to check what arrived when
     try:
@@ -143,6 +125,5 @@ def test_breach_fires_once_with_the_diagnosis_and_resolves_after_recovery(tmp_pa
         )
         assert len(receiver.got) == 2  # the standalone evaluator starts inactive; nothing to say yet
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        collector.stop()
         receiver.close()

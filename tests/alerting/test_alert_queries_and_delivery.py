@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from webhook_receiver import Receiver, dead_port, wait_for
+from webhook_receiver import Receiver
 
 from alerting.evaluator import Transition
 from alerting.notify import ZERO_TIME, WebhookSender, alertmanager_payload
@@ -14,6 +14,7 @@ from alerting.queries import breakdown, breakdown_text, observe
 from alerting.rules import parse_rules
 from alerting.runner import LATEST_STATES_SQL, AlertRunner, StoreHistory
 from collector.store import Store
+from tests.support.net import free_port, wait_for
 
 T0 = 1_700_000_000.0
 
@@ -116,7 +117,7 @@ def test_dead_receiver_is_retried_with_backoff_while_evaluation_goes_on(store):
     insert(store, T0, 30, 10, 0.2)
     insert(store, T0 + 30, 10, 10, 3.0)
     insert(store, T0 + 40, 30, 10, 0.2)
-    port = dead_port()
+    port = free_port()
     rs = parse_rules(RULES.format(port=port))
     sender = WebhookSender(rs.notify.webhook, max_attempts=50, backoff_first_s=0.05, backoff_max_s=0.4)
     runner = AlertRunner(rs, ReadOnly(store), history=StoreHistory(lambda: store), sender=sender.start())
@@ -125,12 +126,12 @@ def test_dead_receiver_is_retried_with_backoff_while_evaluation_goes_on(store):
         transitions += [(t.rule, t.new) for t in runner.evaluate(T0 + second)]
     assert ("ttft-p99", "firing") in transitions and ("ttft-p99", "resolved") in transitions
     assert runner.rounds == 45
-    assert wait_for(lambda: sender.stats["failed_attempts"] >= 4)
+    wait_for(lambda: sender.stats["failed_attempts"] >= 4)
     assert list(sender.backoffs)[:4] == [0.05, 0.1, 0.2, 0.4]  # exponential, capped
     assert sender.stats["sent"] == 0
     receiver = Receiver(port)  # the receiver comes back: what was queued arrives, in order
     try:
-        assert wait_for(lambda: sender.pending() == 0)
+        wait_for(lambda: sender.pending() == 0)
         statuses = [(b["alerts"][0]["labels"]["alertname"], b["status"]) for b in receiver.got]
         assert statuses.index(("ttft-p99", "firing")) < statuses.index(("ttft-p99", "resolved"))
         firing = next(b for b in receiver.got if b["status"] == "firing")
@@ -153,7 +154,7 @@ def test_dead_receiver_is_retried_with_backoff_while_evaluation_goes_on(store):
 
 def test_a_restarted_runner_takes_up_a_firing_alert_without_firing_again(store):
     insert(store, T0, 40, 10, 3.0)
-    rs = parse_rules(RULES.format(port=dead_port()).replace("max_attempts = 50", "max_attempts = 1"))
+    rs = parse_rules(RULES.format(port=free_port()).replace("max_attempts = 50", "max_attempts = 1"))
     first = AlertRunner(rs, ReadOnly(store), history=StoreHistory(lambda: store))
     for second in range(10, 15):
         first.evaluate(T0 + second)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 
 import httpx
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -17,6 +16,7 @@ from collector import convert, otlp
 from collector.ingest import Ingestor, batch_token
 from collector.spool import Spool
 from collector.store import Store
+from tests.support.net import free_port
 
 
 def make_spans(service: str, n: int) -> list:
@@ -40,12 +40,6 @@ def export(url: str, spans: list, batch: int) -> int:
     return acked
 
 
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_kill_9_right_after_the_acks_loses_no_acknowledged_span(start_collector, tmp_path):
     c = start_collector()
     acked = export(c.url, make_spans("killed", 4000), batch=500)
@@ -62,7 +56,7 @@ def test_unreachable_server_spools_and_a_restart_on_a_reachable_store_drains_it_
     start_collector, tmp_path
 ):
     spool = str(tmp_path / "spool")
-    dead = f"http://default:secret@127.0.0.1:{unused_port()}/stepscope"
+    dead = f"http://default:secret@127.0.0.1:{free_port()}/stepscope"
     c = start_collector("--spool", spool, store=dead)
     health = c.health()
     assert health["store"] == "down" and "unreachable" in health["store_error"]
@@ -83,7 +77,7 @@ def test_unreachable_server_spools_and_a_restart_on_a_reachable_store_drains_it_
 
 
 def test_a_full_spool_answers_503_with_retry_after(start_collector, tmp_path):
-    dead = f"http://127.0.0.1:{unused_port()}/db"
+    dead = f"http://127.0.0.1:{free_port()}/db"
     c = start_collector("--spool", str(tmp_path / "spool"), "--spool-max-bytes", "20000", store=dead)
     body = encode_spans(make_spans("full", 40)).SerializeToString()
     statuses = [

@@ -12,29 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.procs import Proc, free_port
-
-
-class Collector(Proc):
-    """A running `stepscope collector` and where it answers."""
-
-    def __init__(self, store: str, log: Path, *extra: str) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        super().__init__(
-            ["collector", "--store", store, "--port", str(port), "--log-level", "warning", *extra], log
-        )
-
-
-def start_collector(store: str, log: Path, *extra: str) -> Collector:
-    """Start a collector on a free port and wait until /health answers."""
-    c = Collector(store, log, *extra)
-    try:
-        c.wait_http(f"{c.url}/health", 120)
-    except RuntimeError as e:
-        c.stop()
-        raise AssertionError(f"collector did not start: {e}") from None
-    return c
+from tests.support.collector import start_collector
+from tests.support.net import free_port
 
 
 def _store_dir(run: Path) -> Path:
@@ -58,7 +37,7 @@ def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def api(scenario_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A collector serving the scenario's store; its URL."""
     log = tmp_path_factory.mktemp("collector") / "collector.log"
-    c = start_collector(f"chdb://{_store_dir(scenario_run)}", log)
+    c = start_collector(f"chdb://{_store_dir(scenario_run)}", log, "--log-level", "warning")
     yield c.url
     c.stop()
 
@@ -67,7 +46,7 @@ def api(scenario_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def empty_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A collector over a fresh, empty store; its URL."""
     root = tmp_path_factory.mktemp("empty")
-    c = start_collector(f"chdb://{root / 'data'}", root / "collector.log")
+    c = start_collector(f"chdb://{root / 'data'}", root / "collector.log", "--log-level", "warning")
     yield c.url
     c.stop()
 

@@ -4,17 +4,14 @@ exception box or error text. `make test` installs chromium (apt-get, as root); w
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
+
+from stepscope.procs import Proc
+from tests.support.net import free_port
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(
@@ -30,29 +27,15 @@ CHART = '[data-testid="stVegaLiteChart"], [data-testid="stArrowVegaLiteChart"], 
 @pytest.fixture(scope="module")
 def dashboard(api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`stepscope dashboard --api` on a free port; its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            ["stepscope", "dashboard", "--api", api, "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    proc = Proc(["dashboard", "--api", api, "--port", str(port)], log)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            try:
-                if httpx.get(url + "/_stcore/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, f"dashboard exited:\n{log.read_text()[-2000:]}"
-            time.sleep(0.5)
+        proc.wait_http(url + "/_stcore/health", 120)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        proc.stop()
 
 
 def test_every_page_renders_in_chromium_without_errors(

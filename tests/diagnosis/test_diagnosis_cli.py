@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from diag_scenarios import DURATION_S, placed
 from diag_simulate import write
 
 from collector.store import Store
 from diagnosis.library import LIBRARY
-from stepscope.procs import Proc, free_port
+from tests.support.collector import start_collector
 
 
 @pytest.fixture(scope="module")
@@ -114,30 +112,12 @@ def test_query_bad_input_exits_2(store_dir: Path) -> None:
 @pytest.fixture
 def collector(store_dir: Path, tmp_path: Path) -> Iterator[str]:
     """`stepscope collector` holding the store directory (so only its API can read it)."""
-    port = free_port()
-    args = [
-        "collector",
-        "--store",
-        f"chdb://{store_dir}",
-        "--port",
-        str(port),
-        "--spool",
-        str(tmp_path / "spool"),
-    ]
-    proc = Proc(args, tmp_path / "collector.log")
-    url = f"http://127.0.0.1:{port}"
+    store = f"chdb://{store_dir}"
+    c = start_collector(store, tmp_path / "collector.log", "--spool", str(tmp_path / "spool"), store_up=True)
     try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).json().get("store") == "up":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.alive(), proc.tail()
-            time.sleep(0.25)
-        yield url
+        yield c.url
     finally:
-        proc.stop(timeout_s=60)
+        c.stop()
 
 
 def test_diagnose_and_query_through_a_running_collector(collector: str, store_dir: Path) -> None:

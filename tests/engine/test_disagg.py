@@ -9,66 +9,21 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from instrumentation import attributes as A
-from stepscope.procs import Proc, free_port
+from stepscope.procs import Proc
+from tests.support.net import free_port, wait_for
+from tests.support.otlp import OtlpReceiver
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 ADMIN = {"Authorization": "Bearer disagg-test"}
 LONG = " ".join(f"w{i}" for i in range(150))  # ~600 tokens: 38 blocks of 16
 PROMPTS = ["Hello there", "a prompt that spans more than one block of sixteen tokens, surely", LONG]
-
-
-class Receiver:
-    """A minimal OTLP/HTTP trace receiver: (name, trace id, span id, parent, attrs, resource) per span."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        spans = self.spans
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/v1/traces":
-                    req = ExportTraceServiceRequest()
-                    req.ParseFromString(body)
-                    for rs in req.resource_spans:
-                        res = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
-                        for ss in rs.scope_spans:
-                            for s in ss.spans:
-                                attrs = {kv.key: _value(kv.value) for kv in s.attributes}
-                                spans.append({
-                                    "name": s.name, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
-                                    "parent": s.parent_span_id.hex(), "attrs": attrs, "resource": res,
-                                    "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                                })  # fmt: skip
-                data = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def _value(v):
-    kind = v.WhichOneof("value")
-    return getattr(v, kind) if kind and kind != "array_value" else None
 
 
 class Serve(Proc):
@@ -93,14 +48,6 @@ class Serve(Proc):
         return [w for w in self.health()["workers"] if w["role"] == role and w["state"] == "healthy"]
 
 
-def _wait_for(check, timeout_s: float = 60, why=lambda: "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not reached in {timeout_s} s {why()}")
-        time.sleep(0.2)
-
-
 def _all_blocks_free(serve: Serve) -> bool:
     workers = serve.health()["workers"]
     return all(
@@ -114,8 +61,10 @@ def _text(r: httpx.Response) -> str:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Receiver:
-    return Receiver()
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="module")
@@ -141,13 +90,13 @@ def test_disaggregated_greedy_output_equals_colocated(servers):
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
     one = [_text(s.complete(LONG, 1)) for s in servers]  # ends at the prefill worker: nothing to transfer
     assert one[0] == one[1]
-    _wait_for(lambda: _all_blocks_free(disagg))
+    wait_for(lambda: _all_blocks_free(disagg))
 
 
 def test_kv_bytes_received_equal_bytes_sent(servers):
     disagg, _ = servers
     assert _text(disagg.complete(LONG, 4))
-    _wait_for(lambda: all(w.get("reserved") == 0 for w in disagg.health()["workers"]))
+    wait_for(lambda: all(w.get("reserved") == 0 for w in disagg.health()["workers"]))
     time.sleep(1)  # the next heartbeat carries the counters
     metrics = httpx.get(disagg.url + "/metrics").text
     sent = _counter(metrics, "stepscope:kv_transfer_bytes_sent_total")
@@ -173,15 +122,15 @@ def test_one_trace_spans_router_prefill_and_decode_with_kv_transfer_timed(server
     names = {"llm_request", "queue", "prefill", "kv_transfer", "decode"}
 
     def mine() -> list[dict]:
-        return [s for s in receiver.spans if s["trace"] == caller and s["name"] in names]
+        return [s for s in receiver.spans if s["trace_id"] == caller and s["name"] in names]
 
-    _wait_for(lambda: len([s for s in mine() if s["name"] == "kv_transfer"]) == 2 and len(mine()) >= 6)
+    wait_for(lambda: len([s for s in mine() if s["name"] == "kv_transfer"]) == 2 and len(mine()) >= 6)
     spans = mine()
     roles = {(s["name"], s["resource"].get(A.RESOURCE_ROLE)) for s in spans}
     assert {("llm_request", "router"), ("queue", "prefill"), ("prefill", "prefill")} <= roles
     assert {("kv_transfer", "prefill"), ("kv_transfer", "decode"), ("decode", "decode")} <= roles
     request = next(s for s in spans if s["name"] == "llm_request")
-    assert all(s["parent"] == request["id"] for s in spans if s is not request)
+    assert all(s["parent"] == request["span_id"] for s in spans if s is not request)
     assert len({s["resource"].get(A.RESOURCE_INSTANCE) for s in spans}) == 3
     a = request["attrs"]
     blocks = -(-a[A.GEN_AI_USAGE_INPUT_TOKENS] // 16)  # the whole prompt, its partial last block too
@@ -213,14 +162,14 @@ def test_a_decode_worker_killed_mid_transfer_has_its_request_retried_and_no_bloc
     result: list[httpx.Response] = []
     t = threading.Thread(target=lambda: result.append(fragile.complete(LONG, 8)))
     t.start()
-    _wait_for(lambda: any(w.get("reserved") for w in fragile.workers("decode")), 30)
+    wait_for(lambda: any(w.get("reserved") for w in fragile.workers("decode")), 30)
     victim = next(w for w in fragile.workers("decode") if w.get("reserved"))
     os.kill(victim["pid"], signal.SIGKILL)
-    _wait_for(lambda: victim["id"] not in [w["id"] for w in fragile.workers("decode")])
+    wait_for(lambda: victim["id"] not in [w["id"] for w in fragile.workers("decode")])
     assert httpx.post(fragile.url + "/admin/faults", json={}, headers=ADMIN).status_code == 200
     t.join(60)
     assert result and _text(result[0]) == expected  # retried on the surviving decode worker
-    _wait_for(lambda: _all_blocks_free(fragile))
+    wait_for(lambda: _all_blocks_free(fragile))
     assert "retrying" in fragile.log.read_text()
 
 
@@ -237,7 +186,7 @@ def test_a_decode_worker_killed_while_streaming_fails_its_request_clearly(fragil
         for line in r.iter_lines():
             lines.append(line)
             if len(lines) == 6:  # tokens are flowing: kill the decode worker that runs it
-                _wait_for(lambda: any(w.get("running") for w in fragile.workers("decode")), 10)
+                wait_for(lambda: any(w.get("running") for w in fragile.workers("decode")), 10)
                 victim = next(w for w in fragile.workers("decode") if w.get("running"))
                 os.kill(victim["pid"], signal.SIGKILL)
     assert any("died mid-request" in line for line in lines)
@@ -265,19 +214,19 @@ def test_a_restarted_worker_rejoins_and_health_reports_roles(fragile, tmp_path):
     before = len(fragile.workers("decode"))
     worker = start()
     try:
-        _wait_for(lambda: len(fragile.workers("decode")) == before + 1)
+        wait_for(lambda: len(fragile.workers("decode")) == before + 1)
         worker.kill()
         worker.wait()
-        _wait_for(lambda: len(fragile.workers("decode")) == before)
+        wait_for(lambda: len(fragile.workers("decode")) == before)
         worker = start()  # restarted: registers again
-        _wait_for(lambda: len(fragile.workers("decode")) == before + 1)
+        wait_for(lambda: len(fragile.workers("decode")) == before + 1)
         assert _text(fragile.complete("after the rejoin", 4))
     finally:
         worker.kill()
         worker.wait()
     prefill = fragile.workers("prefill")[0]
     os.kill(prefill["pid"], signal.SIGKILL)
-    _wait_for(lambda: httpx.get(fragile.url + "/health").status_code == 503)
+    wait_for(lambda: httpx.get(fragile.url + "/health").status_code == 503)
     assert fragile.health()["healthy_workers"]["prefill"] == 0
     r = fragile.complete("no prefill worker", 4)
     assert r.status_code == 503 and r.json()["error"]["message"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from engine.disagg.kv_wire import (
     num_tensor_bytes,
 )
 from engine.request import EngineRequest
+from tests.support.net import free_port
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 PROMPT = list(range(1, 71))  # 70 tokens: four full blocks of 16 and a partial one
@@ -152,9 +152,7 @@ def test_the_link_delivers_every_byte_sent_and_the_token_bucket_paces_it():
 
 
 def test_a_sender_whose_peer_is_gone_reports_a_failed_transfer():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nobody listens here once closed
+    port = free_port()  # nobody listens here
     done = []
     sender = KVSender(done.append, send_timeout_s=2)
     sender.begin("r", f"127.0.0.1:{port}", "")

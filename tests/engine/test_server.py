@@ -25,7 +25,8 @@ from engine.core_proc import CoreLoop
 from engine.events import StepEvent
 from engine.protocol import Add, Outputs, Shutdown, get_codec
 from engine.request import EngineRequest
-from stepscope.procs import Proc, free_port
+from stepscope.procs import Proc
+from tests.support.net import free_port
 
 ADMIN_TOKEN = "test-admin-token"
 # The installed console script, as users run it (`python -m stepscope.cli` would load cli.py twice).

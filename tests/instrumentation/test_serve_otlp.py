@@ -3,113 +3,21 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from instrumentation import attributes as A
-from stepscope.procs import Proc, free_port
+from stepscope.procs import Proc
+from tests.support.net import free_port, wait_for
+from tests.support.otlp import OtlpReceiver
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 PROMPTS = ["the quick brown fox", "traced request", "p " * 30, "hello hello hello"]
-
-
-def _value(v):  # an OTLP AnyValue as Python
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(_value(x) for x in v.array_value.values)
-    return getattr(v, kind) if kind else None
-
-
-def _attrs(kvs) -> dict:
-    return {kv.key: _value(kv.value) for kv in kvs}
-
-
-class Receiver:
-    """A minimal OTLP/HTTP receiver: decodes protobuf trace and metric exports into lists."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self.metrics: dict[str, dict] = {}
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path == "/v1/traces":
-                    receiver.add_traces(body)
-                    reply = ExportTraceServiceResponse()
-                elif self.path == "/v1/metrics":
-                    receiver.add_metrics(body)
-                    reply = ExportMetricsServiceResponse()
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                data = reply.SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add_traces(self, body: bytes) -> None:
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        for rs in req.resource_spans:
-            resource = _attrs(rs.resource.attributes)
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    self.spans.append({
-                        "name": s.name, "kind": s.kind, "trace_id": s.trace_id.hex(),
-                        "span_id": s.span_id.hex(), "parent": s.parent_span_id.hex(),
-                        "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "attrs": _attrs(s.attributes), "resource": resource,
-                        "events": [e.name for e in s.events],
-                        "links": [(ln.span_id.hex(), _attrs(ln.attributes)) for ln in s.links],
-                    })  # fmt: skip
-
-    def add_metrics(self, body: bytes) -> None:
-        req = ExportMetricsServiceRequest()
-        req.ParseFromString(body)
-        for rm in req.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    bounds = ()
-                    if m.WhichOneof("data") == "histogram" and m.histogram.data_points:
-                        bounds = tuple(m.histogram.data_points[0].explicit_bounds)
-                    self.metrics[m.name] = {"unit": m.unit, "bounds": bounds}
-
-    def named(self, name: str) -> list[dict]:
-        return [s for s in self.spans if s["name"] == name]
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 class Serve(Proc):
@@ -130,18 +38,10 @@ class Serve(Proc):
         return r.json()
 
 
-def _wait_for(check, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail("telemetry did not arrive at the receiver")
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     """A traced server, after serving PROMPTS (the first with the caller's traceparent) and a stream."""
-    receiver = Receiver()
+    receiver = OtlpReceiver()
     env = {
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
@@ -154,8 +54,8 @@ def traced(tmp_path_factory):
     texts += [serve.complete(p) for p in PROMPTS[1:]]
     with httpx.stream("POST", serve.url + "/v1/completions", json={"prompt": "stream", "stream": True}) as r:
         r.read()
-    _wait_for(lambda: len(receiver.named(A.SPAN_REQUEST)) >= 5 and len(receiver.named(A.SPAN_DECODE)) >= 5)
-    _wait_for(lambda: A.METRIC_TPOT in receiver.metrics and A.METRIC_RUNNING in receiver.metrics)
+    wait_for(lambda: len(receiver.named(A.SPAN_REQUEST)) >= 5 and len(receiver.named(A.SPAN_DECODE)) >= 5, 30)
+    wait_for(lambda: A.METRIC_TPOT in receiver.metrics and A.METRIC_RUNNING in receiver.metrics, 30)
     yield receiver, [t["choices"][0]["text"] for t in texts]
     assert serve.stop() == 0
     receiver.close()

@@ -1,19 +1,10 @@
 """`stepscope bench` input errors: one clear line on stderr and exit code 2, before any load is sent."""
 
-import socket
-
 import pytest
 
 from loadgen.cli import parse_duration, parse_loads, parse_shift
 from stepscope.cli import UsageError, main
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from tests.support.net import free_port
 
 
 @pytest.mark.parametrize(
@@ -68,7 +59,7 @@ def _bench(capsys, *args: str) -> tuple[int, str]:
 )
 def test_bad_input_gets_one_line_and_exit_code_2(capsys, tmp_path, args, needle):
     code, err = _bench(
-        capsys, "--url", f"http://127.0.0.1:{closed_port()}", "--out", str(tmp_path / "r.json"), *args
+        capsys, "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "r.json"), *args
     )
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and needle in err
@@ -76,7 +67,7 @@ def test_bad_input_gets_one_line_and_exit_code_2(capsys, tmp_path, args, needle)
 
 
 def test_an_unreachable_url_gets_one_line_and_exit_code_2(capsys, tmp_path):
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     code, err = _bench(capsys, "--url", url, "--duration", "1s", "--out", str(tmp_path / "r.json"))
     assert code == 2
     assert err.strip().splitlines() == [err.strip()] and f"cannot reach {url}" in err

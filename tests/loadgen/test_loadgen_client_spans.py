@@ -1,7 +1,6 @@
 """The client span of a request, read from the real SDK's in-memory exporter; failures recorded by kind."""
 
 import asyncio
-import socket
 import time
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,14 +13,7 @@ from loadgen.client import RequestRecord, send_request
 from loadgen.runner import LoadSpec, RunOptions, make_client, run_load
 from loadgen.tracing import configured_endpoint, make_tracer, traces_url
 from loadgen.workloads import Workload
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from tests.support.net import free_port
 
 
 def test_a_refused_request_is_a_connection_error_on_an_error_client_span():
@@ -33,7 +25,7 @@ def test_a_refused_request_is_a_connection_error_on_an_error_client_span():
 
     async def go():
         async with make_client(5.0) as client:
-            url = f"http://127.0.0.1:{closed_port()}"
+            url = f"http://127.0.0.1:{free_port()}"
             t0 = time.perf_counter()
             tracer = provider.get_tracer("t")
             return await send_request(
@@ -54,7 +46,7 @@ def test_a_refused_request_is_a_connection_error_on_an_error_client_span():
 def test_a_run_against_nothing_records_every_request_as_failed_and_never_raises():
     wl = Workload.load("chat")
     load = LoadSpec(concurrency=2, num_requests=5)
-    res = asyncio.run(run_load(f"http://127.0.0.1:{closed_port()}", wl, load, RunOptions(model="m")))
+    res = asyncio.run(run_load(f"http://127.0.0.1:{free_port()}", wl, load, RunOptions(model="m")))
     assert len(res.records) == 5
     assert {r.error for r in res.records} == {"connection"}
     assert [r.index for r in res.records] == list(range(5))

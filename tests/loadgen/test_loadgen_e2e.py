@@ -20,7 +20,8 @@ from opentelemetry.trace import SpanKind
 from instrumentation.attributes import GEN_AI_LATENCY_TTFT, SPAN_CLIENT_REQUEST
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from loadgen.workloads import LengthDist, Workload, WorkloadConfig, WorkloadShift
-from stepscope.procs import Proc, free_port
+from stepscope.procs import Proc
+from tests.support.net import free_port
 
 pytest.importorskip("engine.serve_cli", reason="the server (stepscope serve) has not landed yet")
 
