@@ -1,8 +1,8 @@
 """`stepscope demo` end to end, as a newcomer runs it: the real collector (chDB), engine, load, fault, alert
 runner and diagnosis, with the tiny model and a fixed rate so that it takes about a minute here.
 
-A short run on a shared machine may or may not show a finding; what must hold is that the demo goes
-through every phase, prints a diagnosis, exits 0, and that Ctrl-C at any point leaves no process behind.
+What must hold: the demo goes through every phase, its diagnosis names the injected cause as the top
+finding, it exits 0, and Ctrl-C at any point leaves no process behind.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def test_demo_runs_every_phase_prints_the_diagnosis_and_exits_0(tmp_path: Path) 
     assert "alert rule armed: TTFT P99 >" in out
     assert "fault on: workload shift {'prefix_change_fraction': 0.9}" in out
     assert "stepscope diagnosis" in out and "injected: prefix_cache_miss" in out
+    assert "; top finding: prefix_cache_miss" in out, out
     assert "Ctrl-C stops them" not in out  # --no-dashboard: exits when done
     for name in ("collector.log", "server.log", "rules.toml", "store"):
         assert (tmp_path / "demo" / name).exists(), name

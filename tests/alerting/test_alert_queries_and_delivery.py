@@ -137,6 +137,11 @@ def test_dead_receiver_is_retried_with_backoff_while_evaluation_goes_on(store):
         firing = next(b for b in receiver.got if b["status"] == "firing")
         ann = firing["alerts"][0]["annotations"]
         assert "queue 2.4 s = 80% of it" in ann["breakdown"] and "findings" in ann
+        resolved = next(b for b in receiver.got if b["status"] == "resolved")["alerts"][0]
+        fired = firing["alerts"][0]
+        assert resolved["status"] == "resolved" and resolved["labels"] == fired["labels"]
+        assert resolved["fingerprint"] == fired["fingerprint"] and resolved["startsAt"] == fired["startsAt"]
+        assert resolved["endsAt"] != ZERO_TIME and resolved["endsAt"] > fired["startsAt"]
     finally:
         runner.stop()
         receiver.close()
@@ -166,5 +171,6 @@ def test_a_restarted_runner_takes_up_a_firing_alert_without_firing_again(store):
 
 
 def test_transition_notifies_only_on_firing_and_resolved():
-    kinds = {new: Transition("r", "x", new, 0.0, None, None).notifies for new in ("pending", "firing")}
-    assert kinds == {"pending": False, "firing": True}
+    states = ("inactive", "pending", "firing", "resolved")
+    kinds = {new: Transition("r", "x", new, 0.0, None, None).notifies for new in states}
+    assert kinds == {"inactive": False, "pending": False, "firing": True, "resolved": True}

@@ -16,17 +16,24 @@ from collector import convert, otlp
 from collector.ingest import Ingestor, batch_token
 from collector.spool import Spool
 from collector.store import Store
+from instrumentation import attributes as A
 from tests.support.net import free_port
 
 
-def make_spans(service: str, n: int) -> list:
+def make_spans(service: str, n: int, step_every: int = 0) -> list:
+    """`n` spans; with `step_every`, every such span is an engine step (which the `steps` view keeps)."""
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("tests.durability")
     for i in range(n):
-        with tracer.start_as_current_span("work", attributes={"i": i}):
-            pass
+        if step_every and i % step_every == 0:
+            attrs = {A.STEP_ID: i, A.STEP_BATCH_SIZE: 1 + i % 8}
+            with tracer.start_as_current_span(A.SPAN_STEP, attributes=attrs):
+                pass
+        else:
+            with tracer.start_as_current_span("work", attributes={"i": i}):
+                pass
     return list(memory.get_finished_spans())
 
 
@@ -42,13 +49,15 @@ def export(url: str, spans: list, batch: int) -> int:
 
 def test_kill_9_right_after_the_acks_loses_no_acknowledged_span(start_collector, tmp_path):
     c = start_collector()
-    acked = export(c.url, make_spans("killed", 4000), batch=500)
+    acked = export(c.url, make_spans("killed", 4000, step_every=4), batch=500)
     assert acked == 4000
     c.stop(signal.SIGKILL)
     c = start_collector()
     assert c.wait_count("SELECT count() FROM otel_traces WHERE ServiceName = 'killed'", acked) == acked
     assert c.scalar("SELECT uniqExact(SpanId) FROM otel_traces") == acked
-    assert c.scalar("SELECT count() FROM steps") == 0  # views saw each span once, too
+    # the views saw each span once, too: one `steps` row per step span, none for the others
+    assert c.scalar("SELECT count() FROM steps") == 1000
+    assert c.scalar("SELECT uniqExact(step_id) FROM steps WHERE service = 'killed'") == 1000
     assert c.wait_count("SELECT count() FROM otel_traces_trace_id_ts", 1) >= 1
 
 
