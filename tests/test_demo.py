@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def demo(out: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "stepscope", "demo", "--model", "tiny", "--rate", "4", "--out", str(out)]
+    cmd = [sys.executable, "-m", "stepscope", "demo", "--model", "tiny", "--rate", "6", "--out", str(out)]
     cmd += extra
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -68,7 +68,7 @@ def wait_gone(pids: set[int], sessions: set[int], timeout_s: float = 30) -> list
 
 
 def test_demo_runs_every_phase_prints_the_diagnosis_and_exits_0(tmp_path: Path) -> None:
-    proc = demo(tmp_path / "demo", "--duration", "24", "--no-dashboard")
+    proc = demo(tmp_path / "demo", "--duration", "30", "--no-dashboard")  # a fault that overloads
     children: set[int] = set()
     lines = []
     for line in proc.stdout:
