@@ -1,6 +1,6 @@
 """Continuous vs static batching vs Hugging Face `generate()`, and how close decode is to the roofline.
 
-    python benchmarks/batching.py [--num-requests 256] [--model small]
+    python benchmarks/batching.py [--num-requests 256] [--model small] [--rounds 3]
 
 The same offline workload (prompt lengths uniform 32-512, output lengths uniform 16-512 with EOS
 ignored, all arriving at once, the same max_num_seqs) runs through continuous and static
@@ -14,22 +14,34 @@ Throughput counts requested output tokens over wall time. The decode step time a
 batch 1/8/32 is a full engine step (schedule + forward + sample) at a context of 256 tokens.
 `decode_b1_roofline` is (weight bytes / copy bandwidth) / batch-1 step time, each round of 10 steps
 paired with a bandwidth sample taken just before it, and the median taken over 8 rounds.
-The last line printed is one JSON object.
+Continuous and static alternate for `--rounds` rounds; `ratio` is the median of the rounds' ratios (each
+listed in `ratio_rounds`), `vs_hf` the median continuous rate over the one generate() run.
+The machine (CPU model, instruction sets, cores) is printed first; the last line printed is one JSON
+object, also written with the machine, the load and the arguments to
+`benchmarks/results/<date>-<commit>-batching.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import results
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore
+from engine.kernels.cpu import cpu_info
 from engine.llm import LLM
+from engine.packed import PackedLinear
 from engine.request import EngineRequest
 
 
@@ -156,6 +168,16 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def linear_kernels(core: EngineCore) -> dict[str, object]:
+    """Which kernels the engine's float32 linears take: native up to how many rows, oneDNN above."""
+    linears = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    if not linears:
+        return {"native_max_rows": 0, "onednn": False}
+    head = linears[0]
+    width = head._native.panel_width if head._native is not None else 0
+    return {"native_max_rows": head.native_max_rows, "panel_width": width, "onednn": head._packed is not None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
@@ -165,23 +187,37 @@ def main() -> None:
     ap.add_argument("--kv-cache-gb", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="continuous/static rounds, ratio = median")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    cpu = cpu_info()
+    print(f"cpu: {cpu.model}; {cpu.cores} cores; {' '.join(cpu.isa) or 'no vector extensions'}", flush=True)
     torch.set_num_threads(args.threads)
     workload = make_workload(args.num_requests, args.seed)
 
     core = EngineCore(engine_config(args, "continuous"))
+    kernels = linear_kernels(core)
+    print(f"linear kernels: {kernels}", flush=True)
     b1_ms, bandwidth, roofline = batch1_roofline(core)
     decode = {1: b1_ms} | {b: decode_step_ms(core, b) for b in (8, 32)}
     core.update_limits(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     mb, gbs = core.weight_bytes / 1e6, bandwidth / 1e9
-    print(f"decode step ms: {decode}; weights {mb:.0f} MB; copy bandwidth {gbs:.1f} GB/s")
+    print(f"decode step ms: {decode}; weights {mb:.0f} MB; copy bandwidth {gbs:.1f} GB/s", flush=True)
 
-    continuous = run_engine(core, workload)
-    print(f"continuous: {continuous:.0f} tok/s", flush=True)
     static_core = EngineCore(engine_config(args, "static"))
-    static = run_engine(static_core, workload)
-    print(f"static: {static:.0f} tok/s", flush=True)
+    continuous_rounds, static_rounds = [], []
+    for i in range(args.rounds):
+        continuous_rounds.append(run_engine(core, workload))
+        static_rounds.append(run_engine(static_core, workload))
+        ratio_i = continuous_rounds[-1] / static_rounds[-1]
+        print(
+            f"round {i + 1}: continuous {continuous_rounds[-1]:.0f} tok/s, static {static_rounds[-1]:.0f} "
+            f"tok/s, ratio {ratio_i:.3f}",
+            flush=True,
+        )
+    continuous, static = statistics.median(continuous_rounds), statistics.median(static_rounds)
+    ratios = [c / s for c, s in zip(continuous_rounds, static_rounds, strict=True)]
     hf = float("nan") if args.skip_hf else run_hf(core, workload, args.max_num_seqs)
     print(f"transformers generate(): {hf:.0f} tok/s", flush=True)
     result = {
@@ -189,9 +225,17 @@ def main() -> None:
         "num_requests": args.num_requests,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "cpu_model": cpu.model,
+        "cpu_cores": cpu.cores,
+        "cpu_isa": list(cpu.isa),
+        "threads": args.threads,
+        "linear_kernels": kernels,
         "continuous_tok_s": round(continuous, 1),
         "static_tok_s": round(static, 1),
-        "ratio": round(continuous / static, 3),
+        "ratio": round(statistics.median(ratios), 3),
+        "ratio_rounds": [round(r, 3) for r in ratios],
+        "continuous_tok_s_rounds": [round(c, 1) for c in continuous_rounds],
+        "static_tok_s_rounds": [round(s, 1) for s in static_rounds],
         "hf_tok_s": round(hf, 1),
         "vs_hf": round(continuous / hf, 3),
         "decode_b1_ms": round(decode[1], 2),
@@ -202,6 +246,8 @@ def main() -> None:
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "decode_b1_roofline": round(roofline, 3),
     }
+    path = results.write("batching", result, vars(args), load_before)
+    print(f"written to {path}", file=sys.stderr)
     print(json.dumps(result))
 
 

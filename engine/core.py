@@ -18,13 +18,15 @@ import time
 
 import torch
 
+from engine import kernels
 from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig, ModelConfig, preset
 from engine.device import resolve_device
 from engine.events import Event, EventBuffer, RequestEvent, ScheduledChunk, StepEvent
+from engine.kernels.cpu import cpu_info
 from engine.kv_cache import kv_cache_bytes_per_block
 from engine.model_runner import ModelRunner
-from engine.packed import pack_model, packing_available
+from engine.packed import native_linear_rows, pack_model, packing_available
 from engine.quant import (
     dequantize_model,
     is_quantized,
@@ -62,6 +64,16 @@ def kv_block_bytes(config: EngineConfig, model_config: ModelConfig, model_dtype:
     return kv_cache_bytes_per_block(model_config, config.block_size, kv_dtype)
 
 
+def _pick_linear_kernels(model: torch.nn.Module, config: EngineConfig) -> None:
+    """Float32 CPU linears: the native streaming kernel for decode-sized row counts (`--kernels auto`,
+    where the library builds), oneDNN's packed weights above (`--weight-packing`), else `F.linear`."""
+    native = kernels.linear() if config.kernels == "auto" else None
+    onednn = config.weight_packing and packing_available()
+    if native is not None or onednn:
+        rows = native_linear_rows(cpu_info().vector_isa) if native is not None else 0
+        pack_model(model, onednn=onednn, native=native, native_max_rows=rows)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, record_events: bool = False) -> None:
         if config.num_threads > 0:
@@ -73,8 +85,8 @@ class EngineCore:
         if config.weight_dtype == "int8":
             quantize_model(model)
         cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
-        if config.weight_packing and cpu_fp32 and packing_available():
-            pack_model(model)
+        if cpu_fp32:
+            _pick_linear_kernels(model, config)
         self.tokenizer: Tokenizer = get_tokenizer(config.model, self.model_config.vocab_size)
         kv_int8 = config.kv_dtype == "int8"
         block_bytes = kv_block_bytes(config, self.model_config, self.dtype)

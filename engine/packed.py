@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import LinearKernel
 from engine.quant import set_submodule
 
 log = logging.getLogger(__name__)
@@ -35,24 +36,55 @@ log = logging.getLogger(__name__)
 PACK_ROWS_HINT = 32
 
 
-class PackedLinear(nn.Linear):
-    """An `nn.Linear` that multiplies through oneDNN with its weight reordered once."""
+# Rows up to which the native streaming kernel (engine/kernels/linear.c) runs a linear, by the CPU's widest
+# float32 vector unit; oneDNN's packed weights (or F.linear) above.
+NATIVE_LINEAR_ROWS = {"avx512": 1, "avx2": 512, "baseline": 1}
 
-    _packed: torch.Tensor
+
+def native_linear_rows(vector_isa: str) -> int:
+    """How many rows at most go through the native linear kernel on a CPU with this vector unit."""
+    return NATIVE_LINEAR_ROWS.get(vector_isa, 1)
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` on the CPU in float32 whose kernel is picked per call by its row count: the native
+    streaming kernel (engine/kernels/linear.c) up to `native_max_rows`, then oneDNN with the weight
+    reordered once (when packed), else `F.linear`."""
+
+    _packed: torch.Tensor | None  # oneDNN's blocked layout
+    _native: LinearKernel | None
+    _panels: torch.Tensor | None  # the native kernel's layout
+    native_max_rows: int
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        onednn: bool = True,
+        native: LinearKernel | None = None,
+        native_max_rows: int = 0,
+    ) -> PackedLinear:
         """Wrap `linear`'s own weight and bias (the same Parameters: ties and state dicts unchanged)."""
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight, module.bias = linear.weight, linear.bias
-        module._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS_HINT)
+        weight = linear.weight.detach()
+        module._packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT) if onednn else None
+        module._native = native
+        module._panels = None if native is None else native.panels(weight)
+        module.native_max_rows = native_max_rows if native is not None else 0
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[0] == 1 or x.dtype != torch.float32:
-            return F.linear(x, self.weight, self.bias)  # one row: MKL's gemv is as fast or faster
+        if x.dim() != 2 or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.shape[0]
+        if rows <= self.native_max_rows:
+            assert self._native is not None and self._panels is not None
+            return self._native(x, self._panels, self.bias, self.out_features)
+        if rows == 1 or self._packed is None:  # one row: MKL's gemv is as fast as oneDNN or faster
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
 
@@ -70,13 +102,17 @@ def packing_available() -> bool:
     return bool(torch.equal(out, torch.full((2, 8), 16.0)))
 
 
-def pack_model(model: nn.Module) -> int:
-    """Swap every float32 CPU `nn.Linear` of `model` for a `PackedLinear`, in place; how many."""
+def pack_model(
+    model: nn.Module, onednn: bool = True, native: LinearKernel | None = None, native_max_rows: int = 0
+) -> int:
+    """Swap every float32 CPU `nn.Linear` of `model` for a `PackedLinear`, in place; how many. `onednn`:
+    reorder each weight for oneDNN (a second copy in memory); `native`: the streaming kernel, taken up to
+    `native_max_rows` rows."""
     plain = [
         (name, m)
         for name, m in model.named_modules()
         if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
     ]
     for name, module in plain:
-        set_submodule(model, name, PackedLinear.from_linear(module))
+        set_submodule(model, name, PackedLinear.from_linear(module, onednn, native, native_max_rows))
     return len(plain)

@@ -5,6 +5,8 @@
   SDPA over it; that copy was about a fifth of a batch-32 step on the `small` preset.
 - `fused_ops.c`: the small ops between a layer's matmuls (residual add + RMSNorm, rotary, SiLU * up), one
   call each instead of several torch ops, which at batch 1 cost more than the arithmetic.
+- `linear.c`: float32 linears for the few rows of a decode step, each weight streamed once in its own
+  row-major layout (engine/packed.py picks it by row count and CPU features).
 
 Both sources build into one shared library, once per source, compiler flags and CPU (`-march=native`), in
 `$STEPSCOPE_KERNEL_DIR` (default `~/.cache/stepscope/kernels`), by an atomic rename, so concurrent
@@ -30,7 +32,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.c", "fused_ops.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.c", "fused_ops.c", "linear.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
 BUILD_TIMEOUT_S = 120
 
@@ -157,6 +159,43 @@ def fused_ops() -> FusedOps | None:
     """The fused small ops, or None where the library cannot be built here."""
     lib = library()
     return None if lib is None else FusedOps(lib)
+
+
+def linear() -> LinearKernel | None:
+    """The small-batch linear kernel, or None where the library cannot be built here."""
+    lib = library()
+    return None if lib is None else LinearKernel(lib)
+
+
+class LinearKernel:
+    """`linear_f32` (linear.c): x [rows, K] times a weight reordered by `panels`, float32."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self._fn = library.linear_f32
+        self._fn.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64]
+        self._fn.restype = None
+        library.linear_panel_width.restype = i64
+        # output features a panel holds: two vectors, so 32 with AVX-512, 16 with AVX2 (-march=native)
+        self.panel_width: int = library.linear_panel_width()
+
+    def panels(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [N, K] -> [ceil(N / width), K, width] contiguous float32, the last panel zero-padded."""
+        n, k = weight.shape
+        padded = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, -n % self.panel_width))
+        return padded.view(-1, self.panel_width, k).transpose(1, 2).contiguous()
+
+    def __call__(
+        self, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, n: int
+    ) -> torch.Tensor:
+        """x [rows, K] float32 (rows contiguous) -> [rows, n]; `bias` [n] contiguous float32 or None."""
+        rows, k = x.shape
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        out = torch.empty(rows, n, dtype=x.dtype)
+        bias_ptr = None if bias is None else bias.data_ptr()
+        self._fn(x.data_ptr(), rows, x.stride(0), panels.data_ptr(), bias_ptr, out.data_ptr(), n, n, k)
+        return out
 
 
 class FusedOps:

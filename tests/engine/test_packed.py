@@ -1,4 +1,5 @@
-"""oneDNN-packed float32 linears: same numbers as nn.Linear, same state dict, ties kept."""
+"""Float32 CPU linears through oneDNN's packed weights or the native panel kernel: same numbers as
+nn.Linear, same state dict, ties kept."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from engine import kernels
 from engine.config import EngineConfig, preset
 from engine.core import EngineCore
 from engine.loader import hf_state_dict
@@ -23,6 +25,38 @@ def test_a_packed_linear_multiplies_like_the_plain_one(rows: int) -> None:
     x = torch.randn(rows, 48)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def native_kernel() -> kernels.LinearKernel:
+    kernel = kernels.linear()
+    if kernel is None:
+        pytest.skip("the native kernels need a C compiler, and none is on this machine")
+    return kernel
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 200])
+@pytest.mark.parametrize(("in_features", "out_features", "bias"), [(48, 80, True), (37, 19, False)])
+def test_the_native_kernel_multiplies_like_the_plain_linear(
+    rows: int, in_features: int, out_features: int, bias: bool
+) -> None:
+    torch.manual_seed(0)
+    plain = nn.Linear(in_features, out_features, bias=bias)
+    native = PackedLinear.from_linear(plain, onednn=False, native=native_kernel(), native_max_rows=512)
+    x = torch.randn(rows + 3, in_features)[1 : rows + 1]  # rows of a wider batch, as a view
+    with torch.inference_mode():
+        torch.testing.assert_close(native(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_kernel_gives_a_row_the_same_bits_at_any_batch_size() -> None:
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 100, bias=True)
+    native = PackedLinear.from_linear(plain, onednn=False, native=native_kernel(), native_max_rows=512)
+    batch = torch.randn(32, 64)
+    with torch.inference_mode():
+        together = native(batch)
+        for r in (0, 5, 31):
+            assert torch.equal(native(batch[r : r + 1]), together[r : r + 1])
+            assert torch.equal(native(batch[r : r + 3]), together[r : r + 3])
 
 
 def test_packing_a_model_keeps_its_state_dict_and_tied_weights() -> None:
@@ -43,9 +77,16 @@ def test_packing_a_model_keeps_its_state_dict_and_tied_weights() -> None:
 def test_the_engine_packs_only_float32_cpu_weights() -> None:
     packed = EngineCore(EngineConfig(model="tiny", num_threads=1))
     assert any(isinstance(m, PackedLinear) for m in packed.runner.model.modules())
-    for off in ({"weight_packing": False}, {"dtype": "bf16"}):
+    for off in ({"weight_packing": False, "kernels": "torch"}, {"dtype": "bf16"}):
         core = EngineCore(EngineConfig(model="tiny", num_threads=1, **off))
         assert not any(isinstance(m, PackedLinear) for m in core.runner.model.modules()), off
     int8 = EngineCore(EngineConfig(model="tiny", num_threads=1, weight_dtype="int8"))
     modules = list(int8.runner.model.modules())
     assert not any(type(m) is nn.Linear or isinstance(m, PackedLinear) for m in modules)  # all int8
+
+
+def test_without_weight_packing_the_native_kernel_keeps_no_onednn_copy() -> None:
+    native_kernel()
+    core = EngineCore(EngineConfig(model="tiny", num_threads=1, weight_packing=False))
+    linears = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m._packed is None and m.native_max_rows > 0 for m in linears)
