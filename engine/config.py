@@ -125,8 +125,9 @@ class EngineConfig:
     weight_packing: bool = field(
         default=True,
         metadata={
-            "help": "float32 on the CPU: multiply through oneDNN with each weight reordered once at load "
-            "(1.4-1.7x on decode batches; keeps a second copy of the weights)"
+            "help": "float32 on the CPU: reorder each weight once at load, into the native kernel's panels "
+            "(--kernels auto) or else oneDNN's layout (1.2-1.7x on decode batches; keeps a second copy of "
+            "the weights)"
         },
     )
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block"})

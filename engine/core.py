@@ -65,13 +65,18 @@ def kv_block_bytes(config: EngineConfig, model_config: ModelConfig, model_dtype:
 
 
 def _pick_linear_kernels(model: torch.nn.Module, config: EngineConfig) -> None:
-    """Float32 CPU linears: the native streaming kernel for decode-sized row counts (`--kernels auto`,
-    where the library builds), oneDNN's packed weights above (`--weight-packing`), else `F.linear`."""
+    """With `--weight-packing`, float32 CPU linears get their weights reordered once at load: into the
+    native kernel's panels (`--kernels auto`, where the library builds), taken up to a row count set by the
+    CPU's vector unit, `F.linear` above; else into oneDNN's blocked layout."""
+    if not config.weight_packing:
+        return
     native = kernels.linear() if config.kernels == "auto" else None
-    onednn = config.weight_packing and packing_available()
-    if native is not None or onednn:
-        rows = native_linear_rows(cpu_info().vector_isa) if native is not None else 0
-        pack_model(model, onednn=onednn, native=native, native_max_rows=rows)
+    if native is not None:
+        pack_model(
+            model, onednn=False, native=native, native_max_rows=native_linear_rows(cpu_info().vector_isa)
+        )
+    elif packing_available():
+        pack_model(model)
 
 
 class EngineCore:

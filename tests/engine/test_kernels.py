@@ -76,3 +76,15 @@ def test_the_model_runner_picks_the_kernel_only_where_it_applies() -> None:
     for off in ({"kernels": "torch"}, {"kv_dtype": "int8"}, {"dtype": "bf16"}):
         llm = LLM(EngineConfig(model="tiny", num_threads=1, **off))
         assert llm.core.runner.decode_kernel is None, off
+
+
+def test_silu_mul_matches_torch_across_the_range_of_exp() -> None:
+    ops = kernels.fused_ops()
+    if ops is None:
+        pytest.skip("no C compiler on this machine")
+    gate = torch.linspace(-120.0, 120.0, 4001)  # past expf's overflow at |x| > 88.4, and every lane position
+    up = torch.randn(4001)
+    gate_up = torch.cat([gate, up]).reshape(1, -1)
+    out = ops.silu_mul(gate_up)[0]
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-30)

@@ -77,7 +77,7 @@ def test_packing_a_model_keeps_its_state_dict_and_tied_weights() -> None:
 def test_the_engine_packs_only_float32_cpu_weights() -> None:
     packed = EngineCore(EngineConfig(model="tiny", num_threads=1))
     assert any(isinstance(m, PackedLinear) for m in packed.runner.model.modules())
-    for off in ({"weight_packing": False, "kernels": "torch"}, {"dtype": "bf16"}):
+    for off in ({"weight_packing": False}, {"dtype": "bf16"}):
         core = EngineCore(EngineConfig(model="tiny", num_threads=1, **off))
         assert not any(isinstance(m, PackedLinear) for m in core.runner.model.modules()), off
     int8 = EngineCore(EngineConfig(model="tiny", num_threads=1, weight_dtype="int8"))
@@ -85,8 +85,16 @@ def test_the_engine_packs_only_float32_cpu_weights() -> None:
     assert not any(type(m) is nn.Linear or isinstance(m, PackedLinear) for m in modules)  # all int8
 
 
-def test_without_weight_packing_the_native_kernel_keeps_no_onednn_copy() -> None:
+def test_the_engine_reorders_each_weight_once_for_one_kernel() -> None:
     native_kernel()
-    core = EngineCore(EngineConfig(model="tiny", num_threads=1, weight_packing=False))
-    linears = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
-    assert linears and all(m._packed is None and m.native_max_rows > 0 for m in linears)
+    linears = [
+        m
+        for m in EngineCore(EngineConfig(model="tiny")).runner.model.modules()
+        if isinstance(m, PackedLinear)
+    ]
+    assert linears and all(
+        m._panels is not None and m._packed is None for m in linears
+    )  # native: no oneDNN copy
+    torch_ops = EngineCore(EngineConfig(model="tiny", kernels="torch")).runner.model.modules()
+    linears = [m for m in torch_ops if isinstance(m, PackedLinear)]
+    assert linears and all(m._panels is None and m._packed is not None for m in linears)
