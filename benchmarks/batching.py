@@ -67,9 +67,9 @@ def run_engine(core: EngineCore, workload: list[tuple[list[int], int]]) -> float
     llm = LLM(core=core)
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for _, m in workload]
     start = time.perf_counter()
-    results = llm.generate([p for p, _ in workload], params)
+    outputs = llm.generate([p for p, _ in workload], params)
     elapsed = time.perf_counter() - start
-    produced = sum(len(r.token_ids) for r in results)
+    produced = sum(len(r.token_ids) for r in outputs)
     assert produced == sum(m for _, m in workload), "every request must produce its requested tokens"
     return produced / elapsed
 

@@ -1,21 +1,18 @@
-"""Float32 linear layers on the CPU through oneDNN, their weights reordered once at load time.
+"""Float32 linear layers on the CPU, their weights reordered once at load time (docs/engine.md).
 
 `F.linear` hands a float32 matmul to MKL's sgemm, which re-packs the weight on every call; with a few
-rows (decode batches) that packing is a large part of the call. oneDNN can take the weight already in
-its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing uses),
-so the per-call cost goes. Measured on this project's 2-core CPUs (AVX-512), a 512 x 3072 matrix, same
-process, interleaved, medians:
+rows (decode batches) that packing is a large part of the call, and on AMD CPUs MKL's one-row gemv streams
+the weights well below the memory's rate. Two layouts are kept instead, one per model:
 
-    rows      1     8     32    64    512   2048
-    F.linear  0.67  1.07  1.39  1.85  7.7   25.0   ms
-    packed    0.65  0.62  0.89  1.27  7.1   25.9   ms
-
-so the matmuls of decode batches (2-64 rows) run 1.4-1.7x faster and none gets slower; whole engine steps
-at batch 4-32 gained 1.12-1.17x (docs/engine.md).
+- the native kernel's panels (engine/kernels/linear.c, `--kernels auto`): up to `NATIVE_LINEAR_ROWS` rows
+  for the CPU's vector unit, `F.linear` above. On a 2-core AMD EPYC (AVX2), one thread: one row over the
+  117 MB of `small` 6.2 ms against MKL's 9.1; 32 rows 66 GF/s against oneDNN's 56;
+- oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing
+  uses) where the native library does not build: 2-64 rows 1.4-1.7x `F.linear` on an AVX-512 CPU.
 
 `PackedLinear` keeps the plain `weight` Parameter too: state dicts, the Hugging Face export, int8
 quantization and the weight accounting all read it, and tied weights stay tied. That is a second copy of
-each matrix in memory (the packed one is the one read per step).
+each matrix in memory (the reordered one is the one read per step).
 """
 
 from __future__ import annotations
@@ -36,8 +33,10 @@ log = logging.getLogger(__name__)
 PACK_ROWS_HINT = 32
 
 
-# Rows up to which the native streaming kernel (engine/kernels/linear.c) runs a linear, by the CPU's widest
-# float32 vector unit; oneDNN's packed weights (or F.linear) above.
+# Rows up to which the native kernel (engine/kernels/linear.c) runs a linear, by the CPU's widest float32
+# vector unit; F.linear above. AVX2: measured faster than MKL and oneDNN up to 512 rows, level at 2048.
+# Elsewhere only the one-row stream, which is memory-bound on any CPU: the kernel has not been measured
+# against oneDNN on AVX-512.
 NATIVE_LINEAR_ROWS = {"avx512": 1, "avx2": 512, "baseline": 1}
 
 
@@ -48,8 +47,8 @@ def native_linear_rows(vector_isa: str) -> int:
 
 class PackedLinear(nn.Linear):
     """An `nn.Linear` on the CPU in float32 whose kernel is picked per call by its row count: the native
-    streaming kernel (engine/kernels/linear.c) up to `native_max_rows`, then oneDNN with the weight
-    reordered once (when packed), else `F.linear`."""
+    kernel (engine/kernels/linear.c) up to `native_max_rows`, then oneDNN with the weight reordered once
+    (when packed), else `F.linear`."""
 
     _packed: torch.Tensor | None  # oneDNN's blocked layout
     _native: LinearKernel | None
