@@ -88,3 +88,18 @@ def test_silu_mul_matches_torch_across_the_range_of_exp() -> None:
     out = ops.silu_mul(gate_up)[0]
     assert out.isfinite().all()
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-30)
+
+
+def test_the_cpu_is_described_by_model_cores_and_instruction_sets(tmp_path) -> None:
+    from engine.kernels.cpu import cpu_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    flags = "fpu sse4_2 avx avx2 fma avx512f avx512bw amx_tile amx_bf16"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    info = cpu_info(cpuinfo)
+    assert info.model == "Intel Xeon" and info.cores >= 1
+    assert info.isa == ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile", "amx_bf16")
+    assert info.vector_isa == "avx512"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse4_2 avx avx2 fma\n")
+    assert cpu_info(cpuinfo).vector_isa == "avx2"
+    assert cpu_info(tmp_path / "absent").isa == ()
