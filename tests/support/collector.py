@@ -40,6 +40,16 @@ class Collector(Proc):
             time.sleep(0.1)
         return got
 
+    def wait_drained(self, timeout_s: float = 60) -> bool:
+        """Poll /health until nothing is spooled: every acknowledged batch is then in the store, in its
+        tables and in the views fed from them (one insert fills the table before its views)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.health()["spooled_batches"] == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
 
