@@ -11,7 +11,7 @@ import sys
 
 from collector.config import CollectorConfig
 
-_SKIP = {"store", "host", "port", "token", "spool"}  # spelled out below with their short forms
+_SKIP = {"store", "host", "port", "token", "spool", "config"}  # spelled out below with their short forms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=helps["token"] + " (or $STEPSCOPE_TOKEN)",
     )
     parser.add_argument("--spool", default=None, metavar="DIR", help=helps["spool"])
+    parser.add_argument("--config", default=None, metavar="PATH", help=helps["config"])
     for f in dataclasses.fields(CollectorConfig):
         if f.name in _SKIP:
             continue

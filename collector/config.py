@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field, fields
 
+from collector.scrape import ScrapeTarget
 from collector.store import DEFAULT_DSN, parse_dsn
 
 
@@ -45,6 +47,16 @@ class CollectorConfig:
         },
     )
 
+    scrape: str = field(
+        default="",
+        metadata={"help": "Prometheus /metrics URLs to scrape into engine_samples, comma-separated"},
+    )
+    scrape_interval: str = field(default="5s", metadata={"help": "how often to scrape each target"})
+    config: str | None = field(
+        default=None,
+        metadata={"help": "a TOML file with [[scrape]] entries (url, instance, service, bearer_token)"},
+    )
+
     def __post_init__(self) -> None:
         target = parse_dsn(self.store)  # raises ValueError on a bad DSN
         if not 0 < self.port < 65536:
@@ -56,6 +68,7 @@ class CollectorConfig:
                 raise ValueError(f"{name} must be positive")
         if self.query_timeout_s <= 0 or self.ttl_days < 0 or self.convert_workers < 0:
             raise ValueError("query_timeout_s must be positive, ttl_days and convert_workers not negative")
+        self.scrape_targets()  # raises ValueError on a bad URL, file or interval
         if self.spool is None:
             self.spool = (
                 os.path.join(target.path, "spool")
@@ -63,6 +76,51 @@ class CollectorConfig:
                 else os.path.abspath("stepscope-spool")
             )
 
+    @property
+    def scrape_interval_s(self) -> float:
+        """Seconds between two scrapes of a target (`scrape_interval` in the config file wins)."""
+        from alerting.rules import parse_duration
+
+        text = _load_toml(self.config).get("scrape_interval", self.scrape_interval) if self.config else None
+        seconds = parse_duration(text if text is not None else self.scrape_interval)
+        if seconds <= 0:
+            raise ValueError("the scrape interval must be positive")
+        return seconds
+
+    def scrape_targets(self) -> list[ScrapeTarget]:
+        """The targets of --scrape and of the config file's [[scrape]] entries (ValueError when bad)."""
+        targets = [ScrapeTarget(url.strip()) for url in self.scrape.split(",") if url.strip()]
+        if self.config:
+            entries = _load_toml(self.config).get("scrape", [])
+            if not isinstance(entries, list):
+                raise ValueError(f"{self.config}: 'scrape' must be a list of [[scrape]] tables")
+            targets += [_target(self.config, i, entry) for i, entry in enumerate(entries)]
+        urls = [t.url for t in targets]
+        if len(set(urls)) != len(urls):
+            raise ValueError("a scrape target is listed twice")
+        if targets:
+            self.scrape_interval_s  # noqa: B018 -- validates the interval
+        return targets
+
     @classmethod
     def field_help(cls) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+def _load_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _target(path: str, index: int, entry: object) -> ScrapeTarget:
+    fields_ = {"url", "instance", "service", "bearer_token"}
+    if not isinstance(entry, dict) or set(entry) - fields_ or not isinstance(entry.get("url"), str):
+        raise ValueError(
+            f"{path}: [[scrape]] #{index + 1} needs a url and takes only url, instance, service, bearer_token"
+        )
+    return ScrapeTarget(**{k: str(v) for k, v in entry.items()})

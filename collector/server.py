@@ -11,7 +11,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,7 +22,9 @@ from collector.api import router as api_router
 from collector.config import CollectorConfig
 from collector.errors import HTTPProblem
 from collector.ingest import Backpressure, Ingestor
+from collector.scrape import Scraper
 from collector.spool import Spool
+from collector.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,17 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
         convert_workers=config.convert_workers,
     )
 
+    targets = config.scrape_targets()
+    scraper = Scraper(targets, config.scrape_interval_s, _store_inserter(ingestor)) if targets else None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(ingestor.start)
         running: list[Stoppable] = []
         try:
+            if scraper is not None:
+                scraper.start()
+                running.append(scraper)
             for start in background:
                 running.append(await run_in_threadpool(start, ingestor, config))
             yield
@@ -66,6 +74,7 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
     app = FastAPI(title="stepscope collector", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.ingestor = ingestor
+    app.state.scraper = scraper
     expected = f"Bearer {config.token}".encode() if config.token else None
 
     async def authenticate(request: Request) -> None:
@@ -94,7 +103,10 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
 
     @app.get("/health")
     async def health() -> dict[str, object]:
-        return {"status": "ok", **ingestor.status()}
+        out: dict[str, object] = {"status": "ok", **ingestor.status()}
+        if scraper is not None:
+            out["scrape"] = scraper.status()
+        return out
 
     @app.post("/v1/{signal}", dependencies=[Depends(authenticate)])
     async def export(signal: str, request: Request) -> Response:
@@ -119,6 +131,19 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
 
     app.include_router(api_router, dependencies=[Depends(authenticate)])
     return app
+
+
+def _store_inserter(ingestor: Ingestor) -> Callable[[Any], None]:
+    """Scraped rows go straight into the store (nobody waits for an acknowledgement); while it is down
+    the scraper keeps them (bounded) and tries again next round."""
+
+    def insert(table: Any) -> None:
+        store = ingestor.store
+        if store is None:
+            raise StoreError(f"the store is not available: {ingestor.store_error or 'starting'}")
+        store.insert("engine_samples", table.column_names, table)
+
+    return insert
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

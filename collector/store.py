@@ -28,6 +28,8 @@ import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
+from collector import engine_names
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DSN = "chdb://./stepscope-data"
@@ -40,6 +42,7 @@ _TTL_COLUMNS = {
     "ttl_logs": "TimestampTime",
     "ttl_requests": "toDateTime(time)",
     "ttl_steps": "toDateTime(time)",
+    "ttl_engine_samples": "toDateTime(time)",
 }
 
 
@@ -291,7 +294,8 @@ def render_migration(text: str, ttl_days: int | None) -> str:
         for key, column in _TTL_COLUMNS.items()
     }
     values["dedup"] = f", non_replicated_deduplication_window = {DEDUP_WINDOW}"
-    return re.sub(r"\{(ttl_\w+|dedup)\}", lambda m: values[m.group(1)], text)
+    values |= engine_names.sql_maps()
+    return re.sub(r"\{(ttl_\w+|dedup|engine_\w+_names)\}", lambda m: values[m.group(1)], text)
 
 
 def split_statements(text: str) -> list[str]:
