@@ -256,7 +256,7 @@ class Scraper:
         try:
             response = await client.get(target.url, headers=headers)
         except httpx.HTTPError as e:
-            raise ScrapeError(f"{type(e).__name__}: {e or 'no answer'}") from None
+            raise ScrapeError(f"{type(e).__name__}: {str(e) or 'the connection closed'}") from None
         if response.status_code != 200:
             raise ScrapeError(f"HTTP {response.status_code}: {response.text[:200].strip()}")
         if len(response.content) > MAX_PAGE_BYTES:
