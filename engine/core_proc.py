@@ -138,6 +138,8 @@ def ready_info(core: EngineCore) -> dict[str, Any]:
         "eos_token_id": tok.eos_token_id,
         "bos_token_id": tok.bos_token_id,
         "block_size": core.config.block_size,
+        "kv_dtype": core.config.kv_dtype,
+        "enable_prefix_caching": core.config.enable_prefix_caching,
         "num_kv_blocks": core.kv.num_blocks,
         "device": str(core.device),
         "dtype": core.weight_dtype,

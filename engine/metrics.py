@@ -67,6 +67,19 @@ class ServerMetrics:
         self.generation_tokens = 0
         self.success: dict[str, int] = {}  # finished_reason -> requests
         self.rejected: dict[str, int] = {}  # HTTP status -> requests refused before reaching the core
+        self.block_size = 0
+        self.cache_dtype = "auto"
+        self.prefix_caching = True
+        self.max_num_seqs = 0
+
+    def set_engine_info(self, info: dict[str, object]) -> None:
+        """The engine's configuration as the core reported it (ready info, or a limits reply)."""
+        self.block_size = int(info.get("block_size", self.block_size))  # type: ignore[call-overload]
+        self.cache_dtype = str(info.get("kv_dtype", self.cache_dtype))
+        self.prefix_caching = bool(info.get("enable_prefix_caching", self.prefix_caching))
+        limits = info.get("limits")
+        if isinstance(limits, dict) and "max_num_seqs" in limits:
+            self.max_num_seqs = int(limits["max_num_seqs"])
 
     def count_finished(self, reason: str, prompt_tokens: int, generation_tokens: int) -> None:
         self.success[reason] = self.success.get(reason, 0) + 1
@@ -121,6 +134,21 @@ class ServerMetrics:
             ("vllm:e2e_request_latency_seconds", self.e2e, "Request latency from arrival to last token."),
         ):
             metric(name, "histogram", help_text, hist.lines(name, lb))
+        # vLLM's cache configuration as an info metric; num_gpu_blocks is the pool now (it can be resized)
+        config = {
+            "block_size": str(self.block_size),
+            "cache_dtype": self.cache_dtype,
+            "enable_prefix_caching": str(self.prefix_caching),
+            "num_gpu_blocks": str(stats.kv_blocks_total),
+        }
+        config_labels = ",".join(f'{k}="{_escape(v)}"' for k, v in config.items())
+        metric(
+            "vllm:cache_config_info",
+            "gauge",
+            "Information of the engine's cache configuration.",
+            [f"vllm:cache_config_info{{{config_labels}}} 1"],
+        )
+        one("stepscope:max_num_seqs", "gauge", "The running-batch limit (max_num_seqs).", self.max_num_seqs)
         one("stepscope:kv_blocks_used", "gauge", "KV-cache blocks held by requests.", stats.kv_blocks_used)
         one("stepscope:kv_blocks_total", "gauge", "KV-cache blocks in the pool.", stats.kv_blocks_total)
         one("stepscope:requests_in_flight", "gauge", "Requests between arrival and finish.", num_inflight)

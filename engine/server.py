@@ -97,6 +97,7 @@ class OpenAIServer:
         self.tokenizer = get_tokenizer(str(self.info["model"]), int(self.info["vocab_size"]))
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
+        self.metrics.set_engine_info(self.info)
         self.created = int(time.time())
         self.faults = FaultSettings()  # engine/faults.py, set through /admin/faults
         self.telemetry = settings.telemetry
@@ -129,7 +130,9 @@ class OpenAIServer:
     # -- admin -----------------------------------------------------------------------------------
     async def get_limits(self, request: Request) -> dict[str, object]:
         self._check_admin(request)
-        return await self.client.admin(None)
+        limits = await self.client.admin(None)
+        self.metrics.set_engine_info({"limits": limits})
+        return limits
 
     async def set_limits(self, request: Request) -> dict[str, object]:
         self._check_admin(request)
@@ -142,9 +145,11 @@ class OpenAIServer:
             if type(value) is not kinds[name]:
                 raise APIError(400, f"{name} must be of type {kinds[name].__name__}", name)
         try:
-            return await self.client.admin(changes)
+            limits = await self.client.admin(changes)
         except ValueError as e:
             raise APIError(400, str(e)) from None
+        self.metrics.set_engine_info({"limits": limits})
+        return limits
 
     async def get_faults(self, request: Request) -> dict[str, object]:
         self._check_admin(request)

@@ -313,6 +313,12 @@ def test_admin_limits_need_the_token_and_change_the_core(server):
         r = httpx.post(url, headers=auth, json={"max_num_seqs": 3})
         assert r.status_code == 200 and r.json()["max_num_seqs"] == 3
         assert httpx.get(url, headers=auth).json()["max_num_seqs"] == 3
+        # /metrics serves the configuration a scraper reads (stepscope:max_num_seqs, vLLM's cache info)
+        m = server.metrics()
+        assert m['stepscope:max_num_seqs{model_name="tiny"}'] == 3
+        info = next(k for k in m if k.startswith("vllm:cache_config_info{"))
+        assert 'block_size="16"' in info and 'enable_prefix_caching="True"' in info
+        assert f'num_gpu_blocks="{old["num_kv_blocks"]}"' in info
         for bad in (
             {"max_num_seqs": 0},
             {"max_num_seqs": "4"},
