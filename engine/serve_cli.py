@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--trace-steps-every",
         metavar="INT",
-        help=f"export one engine.step span in N (default: ${STEPS_EVERY_ENV} or "
+        help=f"export one engine.step span in N, 0 for none (default: ${STEPS_EVERY_ENV} or "
         f"{TelemetryConfig.__dataclass_fields__['steps_every'].default})",
     )
     launch.add_arguments(parser.add_argument_group("disaggregated serving (docs/disagg.md)"))

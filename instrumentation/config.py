@@ -28,7 +28,7 @@ class TelemetryConfig:
 
     endpoint: str | None = None  # base OTLP URL from --otlp-endpoint; None: the OTEL_EXPORTER_OTLP_* vars
     protocol: str = "http/protobuf"  # OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf | grpc
-    steps_every: int = 1  # export one engine.step span in N (request phase spans are never thinned)
+    steps_every: int = 1  # export one engine.step span in N; 0: none (request phase spans are never thinned)
     slow_request_s: float = 5.0  # a request slower than this keeps its spans whatever the head sampler said
     sink_buffer_bytes: int = 4 << 20  # core -> exporter socket buffer (capped by net.core.wmem_max);
     # a step's events that do not fit are dropped and counted (about 2 KB a step at batch 16)
@@ -38,8 +38,8 @@ class TelemetryConfig:
     epoch_offset_ns: int = 0  # time.time_ns() - time.monotonic_ns(), measured once by the front end
 
     def __post_init__(self) -> None:
-        if self.steps_every < 1:
-            raise ValueError(f"steps_every must be >= 1, got {self.steps_every}")
+        if self.steps_every < 0:
+            raise ValueError(f"steps_every must be >= 0, got {self.steps_every}")
         if self.slow_request_s < 0:
             raise ValueError("slow_request_s must be >= 0")
         if self.protocol not in ("http/protobuf", "grpc"):

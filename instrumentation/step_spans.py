@@ -171,7 +171,7 @@ class StepTracer:
         for chunk in ev.scheduled:
             if chunk.is_prefill:
                 self._prefill_chunk(ev, chunk)
-        if ev.step_id % self.config.steps_every == 0:
+        if self.config.steps_every and ev.step_id % self.config.steps_every == 0:
             self._step_spans(ev)
 
     def _prefill_chunk(self, ev: StepEvent, chunk: ScheduledChunk) -> None:

@@ -65,6 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--disagg", action="store_true", help="serve disaggregated: router, 1 prefill + 1 decode worker"
     )
+    run.add_argument(
+        "--no-step-spans",
+        action="store_true",
+        help="the engine exports request spans only (no engine.step spans), as vLLM and SGLang do",
+    )
+    run.add_argument(
+        "--scrape",
+        action="store_true",
+        help="the collector scrapes the engine's Prometheus /metrics (vLLM names) into engine_samples",
+    )
     sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
     facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
     facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
@@ -109,6 +119,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
         seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
         disagg=bool(getattr(args, "disagg", False)),
+        step_spans=not getattr(args, "no_step_spans", False), scrape=bool(getattr(args, "scrape", False)),
     )  # fmt: skip
 
 

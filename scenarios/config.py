@@ -37,6 +37,9 @@ class ScenarioConfig:
     num_kv_blocks: int = 768  # 12k tokens: a healthy run never preempts
     num_threads: int = 1  # torch threads of the core: 2 shared cores, steadier with one
     disagg: bool = False  # serve disaggregated (router + 1 prefill + 1 decode worker, docs/disagg.md)
+    step_spans: bool = True  # False: request spans only, as vLLM and SGLang emit
+    scrape: bool = False  # the collector scrapes the engine's /metrics (its vLLM names) into engine_samples
+    scrape_interval_s: float = 1.0  # a few dozen samples a side in a minute-long run
     drain_timeout_s: float = 20.0
     shared_fraction: float = 0.4  # of requests from the shared-system-prompt stream
     # A healthy run (no fault) under this fault's workload, demand and engine settings, with no switch:

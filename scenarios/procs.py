@@ -13,20 +13,25 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from instrumentation.providers import DEFAULT_SERVICE_NAME
 from stepscope.procs import Proc, free_port
 
 if TYPE_CHECKING:
     from scenarios.config import ScenarioConfig
 
 
-def start_server(cfg: ScenarioConfig, log: Path, token: str, otlp: str | None) -> tuple[Proc, str]:
-    """`stepscope serve` with the scenario's engine; (process, base URL) once healthy."""
-    port = free_port()
+def start_server(
+    cfg: ScenarioConfig, log: Path, token: str, otlp: str | None, port: int | None = None
+) -> tuple[Proc, str]:
+    """`stepscope serve` with the scenario's engine; (process, base URL) once healthy. Its
+    service.instance.id is its host:port, the instance name a scrape of its /metrics gets."""
+    port = port or free_port()
     args = ["serve", *cfg.engine_args(), "--port", str(port), "--admin-token", token]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     if otlp:
-        args += ["--otlp-endpoint", otlp, "--trace-steps-every", "1"]
+        args += ["--otlp-endpoint", otlp, "--trace-steps-every", "1" if cfg.step_spans else "0"]
         env |= {"OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "2000"}
+        env["OTEL_RESOURCE_ATTRIBUTES"] = f"service.instance.id={engine_instance(port)}"
     proc = Proc(args, log, env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -37,12 +42,27 @@ def start_server(cfg: ScenarioConfig, log: Path, token: str, otlp: str | None) -
     return proc, url
 
 
-def start_collector(store: Path, log: Path) -> tuple[Proc, str]:
-    """`stepscope collector` on chDB in `store`; (process, base URL) once healthy."""
+def engine_instance(port: int) -> str:
+    """The instance name of the scenario's engine on `port`, in its spans and in its scraped samples."""
+    return f"127.0.0.1:{port}"
+
+
+def start_collector(
+    store: Path, log: Path, scrape_port: int | None = None, scrape_interval_s: float = 1.0
+) -> tuple[Proc, str]:
+    """`stepscope collector` on chDB in `store`; (process, base URL) once healthy. With `scrape_port`, it
+    scrapes the engine's /metrics there as service stepscope-engine (the engine's service.name)."""
     port = free_port()
-    proc = Proc(
-        ["collector", "--store", f"chdb://{store}", "--port", str(port), "--log-level", "warning"], log
-    )
+    args = ["collector", "--store", f"chdb://{store}", "--port", str(port), "--log-level", "warning"]
+    if scrape_port is not None:
+        config = log.with_name("scrape.toml")
+        config.write_text(
+            f'scrape_interval = "{scrape_interval_s:g}s"\n\n[[scrape]]\n'
+            f'url = "http://127.0.0.1:{scrape_port}/metrics"\n'
+            f'instance = "{engine_instance(scrape_port)}"\nservice = "{DEFAULT_SERVICE_NAME}"\n'
+        )
+        args += ["--config", str(config)]
+    proc = Proc(args, log)
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/health", 120)

@@ -31,6 +31,7 @@ from scenarios.calibrate import capacity
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload, load_specs, workloads
 from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, min_duration_s
 from scenarios.procs import Proc, start_collector, start_server, wait_flushed, warm_up
+from stepscope.procs import free_port
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -132,9 +133,12 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     procs: list[Proc] = []
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
-        collector, collector_url = start_collector(cfg.out, cfg.out / "collector.log")
+        engine_port = free_port()
+        collector, collector_url = start_collector(
+            cfg.out, cfg.out / "collector.log", engine_port if cfg.scrape else None, cfg.scrape_interval_s
+        )
         procs.append(collector)
-        server, url = start_server(cfg, cfg.out / "server.log", token, collector_url)
+        server, url = start_server(cfg, cfg.out / "server.log", token, collector_url, engine_port)
         procs.append(server)
         warm_up(url, cfg.model)
         cfg.log(
@@ -160,6 +164,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "load": {"rate_rps": rate, "capacity_rps": capacity_rps, "load_fraction": cfg.load_fraction},
         "model": cfg.model,
         "engine": cfg.engine_args(),
+        "step_spans": cfg.step_spans,
+        "scrape": cfg.scrape,
         "workload": {k: str(v) for k, v in fault_workload(cfg).items()},  # the fault's, over the default
         "clients": fault_clients(cfg),  # closed loop instead of the rate
         "workload_of": cfg.workload_of,  # a healthy run under this fault's workload, demand and engine

@@ -164,6 +164,14 @@ def test_step_spans_can_be_sampled_one_in_n_while_request_phases_stay_whole():
     assert len(rig.spans(A.SPAN_DECODE)) == 3
 
 
+def test_step_spans_off_leaves_request_spans_and_their_phases_as_vllm_emits():
+    rig = make_rig(steps_every=0)
+    rig.run(tiny_core(), prompts(3, seed=5), GREEDY)
+    assert not rig.spans(A.SPAN_STEP)
+    assert len(rig.spans(A.SPAN_REQUEST)) == len(rig.spans(A.SPAN_DECODE)) == 3
+    assert rig.spans(A.SPAN_PREFILL) and rig.spans(A.SPAN_QUEUE)
+
+
 def test_unsampled_fast_requests_are_dropped_but_slow_and_failed_ones_kept():
     rig = make_rig(head_sampler=ALWAYS_OFF)
     rig.run(tiny_core(), prompts(3, seed=6), GREEDY, abort={1})

@@ -209,7 +209,7 @@ def test_tracing_is_on_with_an_endpoint_and_off_without_or_when_disabled():
     assert config.endpoint is None and config.steps_every == 4 and config.protocol == "http/protobuf"
     assert telemetry_config("http://x", model="m", steps_every=2, env=env).steps_every == 2
     with pytest.raises(ValueError, match="steps_every"):
-        telemetry_config("http://x", model="m", steps_every=0, env={})
+        telemetry_config("http://x", model="m", steps_every=-1, env={})
 
 
 @NO_GRPC
