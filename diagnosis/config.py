@@ -83,6 +83,10 @@ class DiagnosisConfig:
     # steps (P90; a real shrunk pool's median step was 81% used while it preempted 69 times per 1k steps).
     preemptions_per_kstep: float = 2.0
     kv_full_share: float = 0.9
+    # The same from a scraped preemption counter when nothing counts steps: preemptions per minute up by
+    # this many. A healthy engine with a pool sized for its load does not preempt at all; 6 a minute is a
+    # handful in a minute-long window, past one stray preemption.
+    preemptions_per_min: float = 6.0
     # Prefill interference: the P99 of prefill tokens riding with decodes up by half and chunking off in
     # at least this share of the current side's steps.
     prefill_chunk_ratio: float = 1.5

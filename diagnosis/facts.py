@@ -48,7 +48,9 @@ class Series:
 @dataclass(frozen=True, slots=True)
 class Facts:
     """Everything the rules may read. `req`/`steps` are (baseline, current) aggregates by column name;
-    `steps` is None when neither side has step rows (vLLM-shaped traces)."""
+    `steps` is None when neither side has step rows (vLLM-shaped traces). `engine` holds the same per-side
+    evidence from scraped /metrics samples (None when there are none): `engine_pair` reads the running
+    batch, waiting queue, KV usage, pool size, preemptions and batch limit from whichever is there."""
 
     window: TimeRange  # the current side
     baseline: TimeRange
@@ -60,6 +62,34 @@ class Facts:
     config: DiagnosisConfig
     regressions: tuple[Regression, ...] = ()
     decomposition: dict[str, Any] = field(default_factory=dict)
+    engine: tuple[dict[str, float], dict[str, float]] | None = None
+
+    def evidence_source(self) -> str | None:
+        """Where batch, KV and preemption evidence comes from: "steps" (engine.step spans on both sides),
+        "metrics" (scraped engine samples on both sides), or None."""
+        if self.steps is not None and self.step_baseline("steps") > 0 and self.step_current("steps") > 0:
+            return "steps"
+        if self.engine is not None and self.engine[0].get("samples", 0) > 0 < self.engine[1].get(
+            "samples", 0
+        ):
+            return "metrics"
+        return None
+
+    def engine_pair(self, key: str) -> tuple[float, float]:
+        """(baseline, current) of an engine quantity (batch_mean, waiting_mean, kv_usage_p50/p90,
+        kv_blocks_total_mean, max_num_seqs_mean, preemptions), from steps or else from scraped samples."""
+        source = self.evidence_source()
+        if source == "steps":
+            return self.step_pair(key)
+        if source == "metrics" and self.engine is not None:
+            return num(self.engine[0].get(key)), num(self.engine[1].get(key))
+        return math.nan, math.nan
+
+    def metric_pair(self, key: str) -> tuple[float, float]:
+        """(baseline, current) of a scraped-sample aggregate only (NaN without samples)."""
+        if self.engine is None:
+            return math.nan, math.nan
+        return num(self.engine[0].get(key)), num(self.engine[1].get(key))
 
     def regressed(self, *families: str) -> tuple[str, ...]:
         """Metric names of the regressions in these families (`ttft`, `tpot`, `e2e`, `itl_max`, ...)."""
@@ -146,11 +176,58 @@ def series(source: Reader, span: TimeRange, interval_s: float) -> Series:
         columns[name] = col
     frame = StepFrame.from_result(source.query(queries.STEP_FRAME_BY_INTERVAL, params))
     columns |= frame.series(m)
+    columns |= engine_series(source, params, m, steps_recorded=bool(np.nansum(columns["steps"])))
     dtypes = columns["weight_dtype"]
     named = [d for d in dtypes if d]
     last = named[-1] if named else ""
     columns["weight_dtype_is_last"] = np.array([float(d == last) if d else np.nan for d in dtypes])
     return Series(span.start, iv_ms / 1000, columns, frame)
+
+
+# step series -> the scraped series that stands in for it when the span has no step spans
+_FROM_METRICS = {
+    "batch_mean": "m_batch_mean",
+    "waiting_mean": "m_waiting_mean",
+    "kv_usage": "m_kv_usage",
+    "preemptions": "m_preemptions",
+    "max_num_seqs": "m_max_num_seqs",
+    "kv_blocks_total_mean": "m_kv_blocks_total",
+}
+
+
+def engine_series(
+    source: Reader, params: dict[str, int], m: int, steps_recorded: bool
+) -> dict[str, np.ndarray]:
+    """Scraped engine series per interval (`m_*`); without step spans in the span they also fill the step
+    series of the same meaning, so change points and onsets read them the same way."""
+    result = source.query(queries.ENGINE_SERIES, params)
+    columns: dict[str, np.ndarray] = {}
+    for j, name in enumerate(result.columns[1:], start=1):
+        col = np.full(m, np.nan)
+        for row in result.rows:
+            i = int(row[0])
+            if 0 <= i < m:
+                col[i] = num(row[j])
+        columns[name] = col
+    if not steps_recorded and result.rows:
+        columns |= {step: columns[sample] for step, sample in _FROM_METRICS.items() if sample in columns}
+    return columns
+
+
+def engine_sides(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[dict, dict] | None:
+    """Per-side aggregates of the scraped engine samples (None when neither side has any)."""
+    b, c = _two_sides(source.query(queries.ENGINE_SIDES, side_params(baseline, current)).dicts())
+    if not b and not c:
+        return None
+    for side in (b, c):
+        for k, v in list(side.items()):
+            side[k] = num(v)
+        side.setdefault("samples", 0.0)
+        seconds = side.get("seconds_scraped", math.nan)
+        side["preemptions_per_min"] = (
+            60 * side.get("preemptions", math.nan) / seconds if seconds > 0 else math.nan
+        )
+    return b, c
 
 
 def _two_sides(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:

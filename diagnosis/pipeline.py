@@ -158,7 +158,8 @@ def gather(
     )
     frame = (series.steps, intervals) if intervals is not None and series.steps is not None else None
     steps, shape = F.step_sides(source, baseline, current, frame)
-    return F.Facts(current, baseline, req, sample, steps, shape, series, cfg)
+    engine = F.engine_sides(source, baseline, current)
+    return F.Facts(current, baseline, req, sample, steps, shape, series, cfg, engine=engine)
 
 
 def _data(facts: F.Facts, span: TimeRange) -> dict[str, object]:
@@ -168,6 +169,11 @@ def _data(facts: F.Facts, span: TimeRange) -> dict[str, object]:
         "interval_s": facts.series.interval_s,
         "requests": {"baseline": facts.req_baseline("requests"), "current": facts.req_current("requests")},
         "steps": {"baseline": facts.step_baseline("steps"), "current": facts.step_current("steps")},
+        "engine_samples": {
+            "baseline": facts.metric_pair("samples")[0],
+            "current": facts.metric_pair("samples")[1],
+        },
+        "engine_evidence": facts.evidence_source(),
         "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
     }
     goodput = {}

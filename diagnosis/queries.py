@@ -127,6 +127,57 @@ GROUP BY side
 ORDER BY side
 """
 
+# Engine samples scraped from /metrics (collector/engine_names.py, the engine_intervals view): the same
+# evidence steps carry, for engines that emit no step spans. One row per scrape and instance; counters are
+# increases since the instance's previous scrape. The pool size is the cache config's block count, or
+# stepscope's own gauge.
+_ENGINE_POOL = "if(num_gpu_blocks > 0, toFloat64(num_gpu_blocks), kv_blocks_total)"
+ENGINE_SERIES = f"""
+SELECT {_BUCKET},
+       count() AS m_samples,
+       avg(num_running) AS m_batch_mean,
+       avg(num_waiting) AS m_waiting_mean,
+       avg(kv_usage) AS m_kv_usage,
+       sum(preemptions) AS m_preemptions,
+       sum(prefix_hits) / nullIf(sum(prefix_queries), 0) AS m_prefix_hit_share,
+       max(max_num_seqs) AS m_max_num_seqs,
+       avg({_ENGINE_POOL}) AS m_kv_blocks_total
+FROM engine_intervals
+WHERE {_SPAN}
+GROUP BY bucket
+ORDER BY bucket
+"""
+
+ENGINE_SIDES = f"""
+SELECT {_SIDE},
+       count() AS samples,
+       uniq(instance) AS instances,
+       sum(seconds) AS seconds_scraped,
+       avg(num_running) AS batch_mean,
+       avg(num_waiting) AS waiting_mean,
+       {QUANTILE}(0.5)(kv_usage) AS kv_usage_p50,
+       {QUANTILE}(0.9)(kv_usage) AS kv_usage_p90,
+       sum(preemptions) AS preemptions,
+       sum(prefix_queries) AS prefix_queries_sum,
+       sum(prefix_hits) / nullIf(sum(prefix_queries), 0) AS prefix_hit_share,
+       sum(cached_tokens) / nullIf(sum(prompt_tokens), 0) AS cached_token_share,
+       avg(prefix_hit_rate) AS prefix_hit_rate,
+       sum(prompt_tokens) / nullIf(sum(seconds), 0) AS prompt_tokens_per_s,
+       sum(generation_tokens) / nullIf(sum(seconds), 0) AS generation_tokens_per_s,
+       sum(step_tokens) / nullIf(sum(engine_steps), 0) AS tokens_per_step,
+       sum(engine_steps) AS engine_steps_sum,
+       sum(generation_tokens) AS generation_tokens_sum,
+       sum(finished) / nullIf(sum(seconds), 0) AS finished_per_s,
+       sum(aborted) / nullIf(sum(seconds), 0) AS aborted_per_s,
+       avg(max_num_seqs) AS max_num_seqs_mean,
+       max(max_num_seqs) AS max_num_seqs_max,
+       avg({_ENGINE_POOL}) AS kv_blocks_total_mean
+FROM engine_intervals
+WHERE {_SIDES_WHERE}
+GROUP BY side
+ORDER BY side
+"""
+
 # One row per side: the symptoms' quantiles and the means the decomposition adds up.
 REQUEST_SIDES = f"""
 SELECT {_SIDE},
@@ -309,6 +360,22 @@ _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
         "avg(kv_transfer_s) AS kv_transfer_mean, avg(ttft_s) AS ttft_mean, "
         "sum(kv_transfer_s) / sum(input_tokens - cached_tokens) AS kv_transfer_s_per_token",
     ),
+}
+# The same evidence read from scraped engine samples, for findings made without step spans.
+_EVIDENCE_METRICS_COLUMNS: dict[str, str] = {
+    "kv_cache_pressure": "sum(preemptions) AS preemptions, avg(kv_usage) AS kv_usage, "
+    f"avg({_ENGINE_POOL}) AS kv_blocks_total, avg(num_running) AS running_mean, "
+    "avg(num_waiting) AS waiting_mean",
+    "oversized_batch": "avg(num_running) AS running_mean, max(max_num_seqs) AS max_num_seqs, "
+    "sum(preemptions) AS preemptions, sum(generation_tokens) / sum(seconds) AS generation_tokens_per_s",
+    "prefix_cache_miss": "sum(prefix_hits) / sum(prefix_queries) AS prefix_hit_share, "
+    "sum(prompt_tokens) / sum(seconds) AS prompt_tokens_per_s, avg(prefix_hit_rate) AS prefix_hit_rate",
+    "queueing_overload": "avg(num_waiting) AS waiting_mean, avg(num_running) AS running_mean, "
+    "max(max_num_seqs) AS max_num_seqs, sum(finished) / sum(seconds) AS finished_per_s",
+}
+EVIDENCE_METRICS: dict[str, str] = {
+    cause: _EVIDENCE_HEAD.replace("{cols}", cols).replace("{table}", "engine_intervals")
+    for cause, cols in _EVIDENCE_METRICS_COLUMNS.items()
 }
 EVIDENCE: dict[str, str] = {
     cause: _EVIDENCE_HEAD.replace("{cols}", cols).replace("{table}", table)

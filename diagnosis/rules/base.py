@@ -25,11 +25,44 @@ def strength(ratio: float, threshold: float) -> float:
     return max(0.0, min(1.0, math.log(ratio) / math.log(threshold) - 1.0))
 
 
-def steps_missing(facts: Facts, cause: str) -> NotEnoughData | None:
-    """NotEnoughData when there are no engine.step rows on both sides."""
+def steps_missing(facts: Facts, cause: str, what: str) -> NotEnoughData | None:
+    """NotEnoughData when there are no engine.step rows on both sides; `what` names what only step spans
+    carry that the rule needs (scraped /metrics pages do not have it)."""
     if facts.steps is None or not (facts.step_baseline("steps") > 0 and facts.step_current("steps") > 0):
-        return NotEnoughData(cause, "engine.step spans (the steps table has no rows in both windows)")
+        scraped = " (scraped engine metrics do not carry it)" if facts.engine is not None else ""
+        return NotEnoughData(cause, f"engine.step spans: {what}{scraped}")
     return None
+
+
+def engine_missing(facts: Facts, cause: str) -> NotEnoughData | None:
+    """NotEnoughData when neither engine.step spans nor scraped engine samples cover both sides."""
+    if facts.evidence_source() is None:
+        return NotEnoughData(
+            cause,
+            "engine.step spans or scraped engine metrics (neither steps nor engine_samples has rows in both "
+            "windows; `stepscope collector --scrape URL` reads an engine's /metrics)",
+        )
+    return None
+
+
+def preemptions(facts: Facts) -> tuple[str, float, float, float]:
+    """(evidence name, baseline, current, threshold of the increase) of the preemptions per thousand engine
+    steps. Steps are counted by step spans, or by a scraped vllm:iteration_tokens_total; else estimated
+    as generated tokens over the mean running batch (a decode step makes one token per running sequence;
+    steps that only prefill are missed, which errs towards a higher rate on both sides alike). Without
+    either, preemptions per minute against `preemptions_per_min`."""
+    cfg = facts.config
+    if facts.evidence_source() == "steps":
+        (pb, pc), (sb, sc) = facts.step_pair("preemptions"), facts.step_pair("steps")
+        return "preemptions_per_1k_steps", 1000 * pb / sb, 1000 * pc / sc, cfg.preemptions_per_kstep
+    (pb, pc), (sb, sc) = facts.metric_pair("preemptions"), facts.metric_pair("engine_steps_sum")
+    if sb > 0 and sc > 0:
+        return "preemptions_per_1k_steps", 1000 * pb / sb, 1000 * pc / sc, cfg.preemptions_per_kstep
+    (tb, tc), (bb, bc) = facts.metric_pair("generation_tokens_sum"), facts.metric_pair("batch_mean")
+    if tb > 0 and tc > 0 and bb > 0 and bc > 0:
+        rates = 1000 * pb * bb / tb, 1000 * pc * bc / tc
+        return "preemptions_per_1k_steps_est", *rates, cfg.preemptions_per_kstep
+    return "preemptions_per_min", *facts.metric_pair("preemptions_per_min"), cfg.preemptions_per_min
 
 
 def ttft_share(facts: Facts, *parts: str) -> float:
@@ -117,8 +150,11 @@ def make_finding(
     evidence: list[Evidence],
     lever: str,
     summary: str,
+    from_metrics: bool = False,
 ) -> Finding | None:
-    """A finding with confidence share x (0.6 + 0.4 strength), or None when it explains too little."""
+    """A finding with confidence share x (0.6 + 0.4 strength), or None when it explains too little. With
+    `from_metrics` the evidence came from scraped engine samples: the summary says so and the SQL reads
+    engine_intervals."""
     cfg = facts.config
     if not symptoms or not math.isfinite(share) or share < cfg.min_share_explained:
         return None
@@ -127,8 +163,10 @@ def make_finding(
         return None
     span_start = min(facts.baseline.start, facts.window.start)
     iv = max(1, round(facts.series.interval_s))
+    if from_metrics:
+        summary += " (from scraped engine metrics)"
     sql = queries.render(
-        queries.EVIDENCE[cause],
+        (queries.EVIDENCE_METRICS if from_metrics else queries.EVIDENCE)[cause],
         {"iv": int(iv), "t0": int(span_start * 1e9), "t1": int(facts.window.end * 1e9)},
     )
     return Finding(

@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength, ttft_share
-from diagnosis.rules.oversized_batch import preemption_rate
+from diagnosis.rules.base import (
+    best,
+    engine_missing,
+    make_finding,
+    period_share,
+    preemptions,
+    strength,
+    ttft_share,
+)
 
 CAUSE = "kv_cache_pressure"
 LEVER = (
@@ -22,14 +29,17 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
-    """Preemptions per thousand steps up by `preemptions_per_kstep` and KV usage P90 >= `kv_full_share`."""
+    """Preemptions up by `preemptions_per_kstep` per thousand steps (or `preemptions_per_min` from a
+    scraped counter that counts no steps) and KV usage P90 >= `kv_full_share` (of the steps, or of the
+    scrapes)."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := engine_missing(facts, CAUSE):
         return missing
+    metrics = facts.evidence_source() == "metrics"
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "goodput", "throughput")
-    rate_b, rate_c = preemption_rate(facts, 0), preemption_rate(facts, 1)
-    usage = facts.step_current("kv_usage_p90")
-    if not symptoms or not (rate_c - rate_b >= cfg.preemptions_per_kstep and usage >= cfg.kv_full_share):
+    rate_name, rate_b, rate_c, threshold = preemptions(facts)
+    usage_b, usage = facts.engine_pair("kv_usage_p90")
+    if not symptoms or not (rate_c - rate_b >= threshold and usage >= cfg.kv_full_share):
         return None
     # Recompute shows as prefill in decode steps, blocked admission as queue time; when neither part
     # moved much, pinned usage with a preemption wave still explains half.
@@ -39,20 +49,22 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         CAUSE,
         symptoms=symptoms,
         share=share,
-        strength_=strength(max(rate_c, 1e-9) / max(rate_b, cfg.preemptions_per_kstep / 2), 2.0),
+        strength_=strength(max(rate_c, 1e-9) / max(rate_b, threshold / 2), 2.0),
         onset_series="preemptions",
         evidence=[
-            Evidence("preemptions_per_1k_steps", rate_b, rate_c),
-            Evidence("kv_usage_p90", facts.step_baseline("kv_usage_p90"), usage),
-            Evidence("kv_usage_p50", *facts.step_pair("kv_usage_p50")),
-            Evidence("kv_blocks_total", *facts.step_pair("kv_blocks_total_mean")),
+            Evidence(rate_name, rate_b, rate_c),
+            Evidence("kv_usage_p90", usage_b, usage),
+            Evidence("kv_usage_p50", *facts.engine_pair("kv_usage_p50")),
+            Evidence("kv_blocks_total", *facts.engine_pair("kv_blocks_total_mean")),
             Evidence(
                 "preemptions_per_request",
                 facts.req_baseline("preemptions_per_request"),
                 facts.req_current("preemptions_per_request"),
             ),
-            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
+            Evidence("batch_size_mean", *facts.engine_pair("batch_mean")),
+            Evidence("waiting_requests_mean", *facts.engine_pair("waiting_mean")),
         ],
         lever=LEVER,
-        summary=f"preemptions {rate_b:.1f} -> {rate_c:.1f} per 1k steps with the KV pool {usage:.0%} used",
+        summary=f"{rate_name.replace('_', ' ')} {rate_b:.1f} -> {rate_c:.1f}, the KV pool {usage:.0%} used",
+        from_metrics=metrics,
     )

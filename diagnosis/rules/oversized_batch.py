@@ -14,9 +14,10 @@ from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
     best,
     chunking_turned_off,
+    engine_missing,
     make_finding,
     period_share,
-    steps_missing,
+    preemptions,
     strength,
 )
 
@@ -25,12 +26,6 @@ LEVER = (
     "Back max_num_seqs (or the token budget) off to the knee of step time vs batch size, with 20% "
     "headroom; `stepscope query step_time_by_batch` shows the curve."
 )
-
-
-def preemption_rate(facts: Facts, side: int) -> float:
-    """Preemptions per thousand steps on a side."""
-    get = facts.step_baseline if side == 0 else facts.step_current
-    return 1000 * get("preemptions") / get("steps") if get("steps") > 0 else math.nan
 
 
 def _grew_on_its_own(facts: Facts) -> bool:
@@ -61,24 +56,34 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     flat); share = batch-size part of the step-period change, plus the prefill-in-decode part when the
     admissions follow the batch (`_admissions_follow_the_batch`)."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := engine_missing(facts, CAUSE):
         return missing
+    metrics = facts.evidence_source() == "metrics"
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "goodput")
-    batch = facts.step_ratio("batch_mean", 0.0)
+    batch_b, batch_c = facts.engine_pair("batch_mean")
+    batch = batch_c / batch_b if batch_b > 0 else 0.0
     if not symptoms or not batch >= cfg.batch_ratio:
         return None
-    if preemption_rate(facts, 1) - preemption_rate(facts, 0) >= cfg.preemptions_per_kstep:
+    rate_name, rate_b, rate_c, threshold = preemptions(facts)
+    if rate_c - rate_b >= threshold:
         return None
     # Step-weighted means: a change point a few steps late leaves the new limit in the baseline's max.
-    limit_b, limit_c = facts.step_baseline("max_num_seqs_mean"), facts.step_current("max_num_seqs_mean")
+    limit_b, limit_c = facts.engine_pair("max_num_seqs_mean")
     limit_raised = limit_b > 0 and limit_c >= cfg.limit_raise_ratio * limit_b
     if limit_b > 0 and not limit_raised:
         return None  # the limit did not move: more arrivals or slower steps filled the batch
+    if metrics and not limit_raised:
+        return None  # without step times, only a recorded limit change tells it from other causes
     if not limit_raised and not _grew_on_its_own(facts):
         return None
-    share = period_share(facts, "batch_size")
-    if _admissions_follow_the_batch(facts):
-        share = best(share, share + period_share(facts, "prefill_in_decode_steps"))
+    if metrics:
+        # No step period to split: the limit moved, the batch followed it and nothing preempted, so the
+        # configuration change is credited with the share kv_cache_pressure gets for its own evidence.
+        share = 0.5
+    else:
+        share = period_share(facts, "batch_size")
+        if _admissions_follow_the_batch(facts):
+            share = best(share, share + period_share(facts, "prefill_in_decode_steps"))
     return make_finding(
         facts,
         CAUSE,
@@ -87,12 +92,17 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         strength_=strength(batch, cfg.batch_ratio) + (0.5 if limit_raised else 0.0),
         onset_series="max_num_seqs" if limit_raised else "batch_mean",
         evidence=[
-            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
+            Evidence("batch_size_mean", batch_b, batch_c),
             Evidence("max_num_seqs", limit_b, limit_c),
             Evidence("step_s_mean", *facts.step_pair("step_mean")),
-            Evidence("preemptions_per_1k_steps", preemption_rate(facts, 0), preemption_rate(facts, 1)),
+            Evidence(rate_name, rate_b, rate_c),
             Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
         ],
         lever=LEVER,
-        summary=f"batch size x{batch:.2f}; the bigger batch explains {share:.0%} of the step period change",
+        summary=(
+            f"max_num_seqs {limit_b:.0f} -> {limit_c:.0f} and the running batch x{batch:.2f}, no preemptions"
+            if metrics
+            else f"batch size x{batch:.2f}; the bigger batch explains {share:.0%} of the step period change"
+        ),
+        from_metrics=metrics,
     )

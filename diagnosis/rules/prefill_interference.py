@@ -41,7 +41,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     (or else the prefill work per request, batch size and
     preemptions unchanged); share from the prefill part of the step period, or 0.7 for inter-token stalls."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := steps_missing(facts, CAUSE, "prefill riding in decode steps, chunked prefill per step"):
         return missing
     symptoms = facts.regressed("itl_max", "tpot", "e2e", "ttft")
     pb, pc = facts.step_baseline("mixed_prefill_p99"), facts.step_current("mixed_prefill_p99")

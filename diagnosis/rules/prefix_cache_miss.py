@@ -30,6 +30,9 @@ def evaluate(facts: Facts) -> Finding | None:
         return None
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput", "tpot")
     cb, cc = facts.req_baseline("cached_share"), facts.req_current("cached_share")
+    metrics = not cb > 0 and facts.metric_pair("prefix_hit_share")[0] > 0
+    if metrics:  # request spans without cached tokens (vLLM's): the engine's own hit counters
+        cb, cc = facts.metric_pair("prefix_hit_share")
     if not symptoms or not (math.isfinite(cb) and math.isfinite(cc)) or cb <= 0:
         return None
     if not (cb - cc >= cfg.cache_share_drop and cc / cb <= cfg.cache_share_ratio):
@@ -50,11 +53,12 @@ def evaluate(facts: Facts) -> Finding | None:
         strength_=strength(cb / cc if cc > 0 else math.inf, 1 / cfg.cache_share_ratio),
         onset_series="cached_share",
         evidence=[
-            Evidence("cached_token_share", cb, cc),
+            Evidence("prefix_hit_share" if metrics else "cached_token_share", cb, cc),
             Evidence("prefix_keys_per_request", keys_b, keys_c),
             Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
             Evidence("prefill_s_mean", *facts.req_pair("prefill_mean")),
         ],
         lever=LEVER,
         summary=f"cached share of prompt tokens {cb:.0%} -> {cc:.0%} at unchanged prompt lengths",
+        from_metrics=metrics,
     )

@@ -48,6 +48,17 @@ def evaluate(facts: Facts) -> Finding | None:
         ]
         if not busy[1] >= cfg.busy_share:
             return None
+    elif facts.evidence_source() == "metrics":
+        # No step loop to watch: the scraped queue grew while the running batch sat at its cap.
+        (wb, wc), (rb, rc) = facts.engine_pair("waiting_mean"), facts.engine_pair("batch_mean")
+        limit = facts.engine_pair("max_num_seqs_mean")[1]
+        evidence += [
+            Evidence("waiting_requests_mean", wb, wc),
+            Evidence("running_requests_mean", rb, rc),
+            Evidence("max_num_seqs", *facts.engine_pair("max_num_seqs_mean")),
+        ]
+        if not wc > wb or (limit > 0 and not rc >= cfg.busy_share * limit):
+            return None
     return make_finding(
         facts,
         CAUSE,

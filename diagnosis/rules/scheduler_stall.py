@@ -35,7 +35,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     Share = gaps' part of the step-period change. Arrivals are reported, not tested: more arrivals do
     not open gaps between steps (`gaps_grew`), and a stall's queue makes the change point land where
     arrivals happen to bunch."""
-    if missing := steps_missing(facts, CAUSE):
+    if missing := steps_missing(facts, CAUSE, "gaps between steps"):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
     gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")

@@ -23,7 +23,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Equal-batch step time up by `equal_batch_ratio`, and the weight dtype changed or bytes per step at
     equal batch size up by `bytes_ratio`. Share = equal-batch part of the step-period change."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := steps_missing(facts, CAUSE, "step time at equal batch size, weight dtype, bytes read"):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
     split = facts.decomposition.get("step_period", {})
