@@ -45,6 +45,15 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         "kv_transfer_slow",
     ),
     "vllm_overload": (SimConfig(seed=14, vllm=True, fault={"rate_rps": 10.0}), "queueing_overload"),
+    # Request spans only, plus the engine's scraped /metrics: the KV evidence comes from the samples.
+    "vllm_kv_cache_pressure": (
+        SimConfig(seed=6, vllm=True, scrape_s=1.0, rate_rps=5.0, fault={"num_kv_blocks": 64}),
+        "kv_cache_pressure",
+    ),
+    "vllm_oversized_batch": (
+        SimConfig(seed=4, vllm=True, scrape_s=1.0, clients=24, max_num_seqs=4, fault={"max_num_seqs": 32}),
+        "oversized_batch",
+    ),
 }
 
 

@@ -38,6 +38,7 @@ class SimConfig:
     fault: dict[str, Any] = field(default_factory=dict)
     service: str = "engine"
     vllm: bool = False  # only gen_ai.* request attributes, no step spans
+    scrape_s: float = 0.0  # > 0: the engine's /metrics (the vLLM names stepscope's engine serves) scraped
     # workload
     rate_rps: float = 4.0
     clients: int = 0  # > 0: closed loop with this many clients
@@ -314,8 +315,8 @@ def _attr(v: float) -> str:
     return repr(float(v))
 
 
-def spans(cfg: SimConfig) -> dict[str, list[Any]]:
-    """Run the simulation and return otel_traces columns (column name -> values)."""
+def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
+    """Run the simulation and return otel_traces columns (column name -> values) and the step rows."""
     requests, steps = Simulator(cfg).run()
     rng = np.random.default_rng([cfg.seed, 7])
     cols: dict[str, list[Any]] = {
@@ -389,7 +390,7 @@ def spans(cfg: SimConfig) -> dict[str, list[Any]]:
                 a["stepscope.latency.kv_transfer_s"] = _attr(r["kv_transfer"])
         add("llm_request", "SPAN_KIND_SERVER", r["start"], r["e2e"], a)
     if cfg.vllm:
-        return cols
+        return cols, steps
     for s in steps:
         a = {
             f"stepscope.step.{k}": str(s[k])
@@ -416,11 +417,61 @@ def spans(cfg: SimConfig) -> dict[str, list[Any]]:
             "stepscope.step.kv_dtype": "fp32",
         }
         add("engine.step", "SPAN_KIND_INTERNAL", s["start"], s["dur"], a)
-    return cols
+    return cols, steps
+
+
+def scraped(cfg: SimConfig, steps: list[dict[str, Any]]) -> list[list[Any]]:
+    """engine_samples columns (collector.scrape.COLUMNS) of scraping the simulated engine every
+    `scrape_s`: gauges as of the last step that ended, counters summed over the steps that ended."""
+    labels = (("model_name", "small"),)
+    totals = dict.fromkeys(("preemptions_total", "generation_tokens_total", "prompt_tokens_total"), 0.0)
+    totals |= {"prefix_queries_total": 0.0, "prefix_hits_total": 0.0}
+    rows: list[tuple] = []
+    t, i, last = cfg.scrape_s, 0, None
+    while t < cfg.duration_s:
+        while i < len(steps) and steps[i]["start"] + steps[i]["dur"] <= t:
+            s = last = steps[i]
+            totals["preemptions_total"] += s["preemptions"]
+            totals["generation_tokens_total"] += s["decode_tokens"]
+            totals["prompt_tokens_total"] += s["prefill_tokens"]
+            totals["prefix_queries_total"] += s["prefill_tokens"] + s["prefix_hit_tokens"]
+            totals["prefix_hits_total"] += s["prefix_hit_tokens"]
+            i += 1
+        if last is not None:
+            ns = int((cfg.t0 + t) * 1e9)
+            config = labels + (
+                ("block_size", str(cfg.block)),
+                ("num_gpu_blocks", str(last["kv_blocks_total"])),
+            )
+            gauges = {
+                "num_running": last["num_running"],
+                "num_waiting": last["num_waiting"],
+                "kv_usage": last["kv_blocks_used"] / last["kv_blocks_total"],
+                "max_num_seqs": last["max_num_seqs"],
+            }
+            rows += [(ns, name, float(v), labels) for name, v in (gauges | totals).items()]
+            rows.append((ns, "cache_config", 1.0, config))
+        t += cfg.scrape_s
+    return [
+        [r[0] for r in rows],
+        [cfg.service] * len(rows),
+        [f"{cfg.service}-0"] * len(rows),
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[1] for r in rows],
+        ["scrape"] * len(rows),
+    ]
 
 
 def write(store: Any, cfg: SimConfig) -> dict[str, list[Any]]:
-    """Simulate `cfg` and insert its spans into `store`'s otel_traces (the views fill requests and steps)."""
-    cols = spans(cfg)
+    """Simulate `cfg` and insert its spans into `store`'s otel_traces (the views fill requests and steps),
+    and with `scrape_s` its scraped /metrics samples into engine_samples."""
+    cols, steps = spans(cfg)
     store.insert("otel_traces", list(cols), list(cols.values()))
+    if cfg.scrape_s > 0:
+        from collector.scrape import to_arrow
+
+        table = to_arrow(scraped(cfg, steps))
+        store.insert("engine_samples", table.column_names, table)
     return cols
