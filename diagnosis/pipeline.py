@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from collector import histograms
 from collector.client import Reader
 from collector.timerange import TimeRange
 from diagnosis import facts as F
@@ -137,7 +138,7 @@ def diagnose(
         not_enough_data=tuple(lacking),
         decomposition=facts.decomposition,
         baseline_source=source_kind,
-        data=_data(facts, span),
+        data=_data(facts, span) | _histogram_percentiles(source, facts),
         notes=tuple(notes),
     )
 
@@ -160,6 +161,22 @@ def gather(
     steps, shape = F.step_sides(source, baseline, current, frame)
     engine = F.engine_sides(source, baseline, current)
     return F.Facts(current, baseline, req, sample, steps, shape, series, cfg, engine=engine)
+
+
+def _histogram_percentiles(source: Reader, facts: F.Facts) -> dict[str, object]:
+    """TTFT, ITL and E2E P50/P99 per side from the engines' scraped latency histograms (bucket
+    interpolation), next to the request spans' own; {} without scraped samples."""
+    if facts.engine is None:
+        return {}
+    out: dict[str, object] = {"source": "metrics"}
+    for metric in ("ttft_s", "itl_s", "e2e_s"):
+        sides = {
+            label: histograms.percentiles(source, metric, side.start, side.end)
+            for label, side in (("baseline", facts.baseline), ("current", facts.window))
+        }
+        if any(s["count"] > 0 for s in sides.values()):
+            out[metric] = sides
+    return {"histogram_percentiles": out} if len(out) > 1 else {}
 
 
 def _data(facts: F.Facts, span: TimeRange) -> dict[str, object]:
