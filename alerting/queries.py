@@ -1,4 +1,5 @@
 """The SQL of alerting, over `requests`: one observation per rule, and the breakdown sent with a firing.
+Rules with `source = "metrics"` read the engines' scraped latency histograms (collector/histograms.py).
 
 A request belongs to a window by its `end_time` (when it finished, so when its latencies are known).
 Text is constant or assembled from fixed fragments; every value (times, thresholds, the percentile,
@@ -12,9 +13,12 @@ from typing import Any, Protocol
 
 from alerting.evaluator import Observation
 from alerting.rules import LATENCY_METRICS, Rule, fmt_duration
+from collector import histograms
 from collector.sqlfn import QUANTILE
 from collector.store import QueryResult
 
+# rule metric -> the scraped histogram of it (an engine's TPOT is its inter-token latency histogram)
+HISTOGRAM_OF = {"ttft": "ttft_s", "tpot": "itl_s", "e2e": "e2e_s", "queue": "queue_s"}
 NO_LIMIT_S = 1e300  # a goodput SLO bound left unset
 LONGEST_REQUEST_S = 3600.0  # requests are found by start time (the sort key) this far before a window
 _FILTER_SQL = {
@@ -56,6 +60,13 @@ def observe(rule: Rule, source: QuerySource, now: float) -> Observation:
     """Measure `rule`'s metric over the window ending at `now`."""
     if rule.kind == "burn_rate":
         return _burn_rate(rule, source, now)
+    if rule.source == "metrics":
+        got = histograms.percentiles(
+            source, HISTOGRAM_OF[rule.metric], now - rule.window_s, now, (rule.percentile / 100.0,),
+            **dict(rule.filters),
+        )  # fmt: skip
+        n = int(got.pop("count"))
+        return Observation(_num(next(iter(got.values()))) if n else None, n)
     where, params = _where(rule, now - rule.window_s, now)
     if rule.metric in LATENCY_METRICS:
         col = LATENCY_METRICS[rule.metric]

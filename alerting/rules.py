@@ -44,7 +44,7 @@ DEFAULT_BURN_WINDOWS = ((3600.0, 300.0, 14.4), (21600.0, 1800.0, 6.0))
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RULE_KEYS = {
     "name", "metric", "type", "percentile", "threshold", "window", "for", "severity", "hysteresis",
-    "min_requests", "objective", "burn", "slo_ttft", "slo_tpot", "labels", "annotations", "summary",
+    "min_requests", "objective", "burn", "slo_ttft", "slo_tpot", "labels", "annotations", "summary", "source",
     *FILTERS,
 }  # fmt: skip
 _NOTIFY_KEYS = {"webhook", "interval", "timeout", "max_attempts", "diagnosis_timeout", "headers"}
@@ -97,6 +97,7 @@ class Rule:
     filters: tuple[tuple[str, str], ...] = ()  # (service|model|role|instance, value)
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    source: str = "spans"  # spans: the requests table; metrics: engines' scraped latency histograms
 
     @property
     def above(self) -> bool:
@@ -116,6 +117,8 @@ class Rule:
                 f"for {fmt_duration(self.for_s)} [{self.severity}]"
             )
         stat = f"p{self.percentile:g} {self.metric}" if self.metric in LATENCY_METRICS else self.metric
+        if self.source == "metrics":
+            stat += " (from metrics)"
         op = ">" if self.above else "<"
         return (
             f"{self.name}: {stat}{where} {op} {fmt_value(self)} over {fmt_duration(self.window_s)} "
@@ -324,6 +327,20 @@ def _rule(raw: Any, where: str, source: str) -> Rule:
                 raise bad(key, "must be a non-empty string")
             filters.append((key, raw[key]))
     args["filters"] = tuple(filters)
+    source_kind = raw.get("source", "spans")
+    if source_kind not in ("spans", "metrics"):
+        raise bad("source", f"{source_kind!r} is not spans or metrics")
+    if source_kind == "metrics":
+        if kind != "threshold" or metric not in LATENCY_METRICS:
+            raise bad(
+                "source",
+                "metrics (scraped latency histograms) serve threshold rules on ttft, tpot, e2e, queue",
+            )
+        if {k for k, _ in filters} - {"service", "instance"}:
+            raise bad(
+                "source", "scraped samples carry service and instance only: drop model and role filters"
+            )
+    args["source"] = source_kind
     for key in ("labels", "annotations"):
         table = raw.get(key, {})
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):

@@ -175,3 +175,40 @@ def test_transition_notifies_only_on_firing_and_resolved():
     states = ("inactive", "pending", "firing", "resolved")
     kinds = {new: Transition("r", "x", new, 0.0, None, None).notifies for new in states}
     assert kinds == {"inactive": False, "pending": False, "firing": True, "resolved": True}
+
+
+def test_a_metrics_rule_reads_the_scraped_latency_histogram(store):
+    """`source = "metrics"`: the percentile comes from the engine's TTFT histogram, for an engine whose
+    request spans are sampled away or never sent."""
+    import pyarrow as pa
+
+    now = T0 + 600
+    bounds = ("0.1", "0.5", "1.0", "2.5", "+Inf")
+    rows = []
+    for t, counts in ((now - 50, (0, 0, 0, 0, 0)), (now - 10, (0, 10, 40, 100, 100))):
+        rows += [(t, "ttft_s_bucket", float(n), [("le", le)]) for le, n in zip(bounds, counts, strict=True)]
+    table = pa.table(
+        {
+            "time": pa.array([int(t * 1e9) for t, *_ in rows], pa.int64()).cast(pa.timestamp("ns")),
+            "service": ["vllm"] * len(rows),
+            "instance": ["vllm-0"] * len(rows),
+            "metric": [r[1] for r in rows],
+            "value": [r[2] for r in rows],
+            "labels": pa.array([r[3] for r in rows], pa.map_(pa.string(), pa.string())),
+            "source_metric": ["vllm:time_to_first_token_seconds_bucket"] * len(rows),
+            "origin": ["scrape"] * len(rows),
+        }
+    )
+    store.insert("engine_samples", table.column_names, table)
+    rules = parse_rules(
+        '[[rule]]\nname = "ttft"\nmetric = "ttft"\nsource = "metrics"\npercentile = 50\n'
+        'threshold = "1s"\nwindow = "1m"\ninstance = "vllm-0"\n'
+    )
+    (rule,) = rules.rules
+    assert "(from metrics)" in rule.describe()
+    got = observe(rule, ReadOnly(store), now)
+    assert got.requests == 100 and got.value == pytest.approx(1.0 + 1.5 * 10 / 60)
+    with pytest.raises(ValueError, match="source"):
+        parse_rules(
+            '[[rule]]\nname = "x"\nmetric = "ttft"\nsource = "metrics"\nthreshold = "1s"\nmodel = "m"\n'
+        )
