@@ -98,6 +98,12 @@ LIBRARY: dict[str, NamedQuery] = {
             queries.STEP_TIME_BY_BATCH,
             {"from": _FROM, "to": _TO},
         ),
+        NamedQuery(
+            "scrape_health",
+            "scraped engines (collector --scrape): up now, samples of the last scrape, failures, last error",
+            queries.SCRAPE_HEALTH,
+            {"from": _FROM, "to": _TO},
+        ),
     )
 }
 

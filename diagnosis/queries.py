@@ -288,6 +288,21 @@ GROUP BY bucket_s
 ORDER BY bucket_s
 """
 
+# Each scrape stores `up` (the error in its label) and `scrape_samples` (collector/scrape.py).
+SCRAPE_HEALTH = f"""
+SELECT service, instance,
+       toUnixTimestamp64Milli(maxIf(time, metric = 'up')) / 1e3 AS last_scrape_s,
+       argMaxIf(value, time, metric = 'up') AS up,
+       argMaxIf(value, time, metric = 'scrape_samples') AS samples,
+       countIf(metric = 'up') AS scrapes,
+       countIf(metric = 'up' AND value = 0) AS failures,
+       argMaxIf(labels['error'], time, metric = 'up' AND value = 0) AS last_error
+FROM engine_samples
+WHERE metric IN ('up', 'scrape_samples') AND {_WINDOW}
+GROUP BY service, instance
+ORDER BY service, instance
+"""
+
 STEP_TIME_BY_BATCH = f"""
 SELECT batch_size, count() AS steps,
        round({QUANTILE}(0.5)(duration_s) * 1e3, 2) AS step_ms_p50,
