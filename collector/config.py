@@ -52,6 +52,13 @@ class CollectorConfig:
         metadata={"help": "Prometheus /metrics URLs to scrape into engine_samples, comma-separated"},
     )
     scrape_interval: str = field(default="5s", metadata={"help": "how often to scrape each target"})
+    assemble_grace_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "an SGLang request trace goes into requests this long after its request span ends (its "
+            "stage spans come from other processes)"
+        },
+    )
     config: str | None = field(
         default=None,
         metadata={"help": "a TOML file with [[scrape]] entries (url, instance, service, bearer_token)"},
@@ -66,6 +73,8 @@ class CollectorConfig:
         for name in ("spool_max_bytes", "max_body_bytes", "max_inflight", "query_max_rows", "retry_after_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.assemble_grace_s < 0:
+            raise ValueError("assemble_grace_s must not be negative")
         if self.query_timeout_s <= 0 or self.ttl_days < 0 or self.convert_workers < 0:
             raise ValueError("query_timeout_s must be positive, ttl_days and convert_workers not negative")
         self.scrape_targets()  # raises ValueError on a bad URL, file or interval

@@ -23,6 +23,7 @@ from collector.config import CollectorConfig
 from collector.errors import HTTPProblem
 from collector.ingest import Backpressure, Ingestor
 from collector.scrape import Scraper
+from collector.sglang import SglangAssembler
 from collector.spool import Spool
 from collector.store import StoreError
 
@@ -63,6 +64,7 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
             if scraper is not None:
                 scraper.start()
                 running.append(scraper)
+            running.append(SglangAssembler.start(ingestor, config))
             for start in background:
                 running.append(await run_in_threadpool(start, ingestor, config))
             yield
