@@ -10,7 +10,7 @@ parser's own message. A target
 that is down or answers garbage is logged and retried with backoff (the interval, doubling per failure up
 to BACKOFF_MAX_S); it never stops the collector or the other targets. Each scrape also stores, as
 Prometheus does, `up` (1 or 0, the error in the label `error`) and `scrape_samples` for its instance, so
-scrape health is a query (`stepscope query scrape-health`) as well as part of `/health`.
+scrape health is a query (`stepscope query scrape_health`) as well as part of `/health`.
 """
 
 from __future__ import annotations
