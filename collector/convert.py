@@ -4,8 +4,9 @@ Encodings follow the OpenTelemetry Collector ClickHouse exporter: ids as lowerca
 `SpanKind` as `SPAN_KIND_SERVER` and friends, `StatusCode` as `STATUS_CODE_OK`..., `Duration` in ns,
 attribute values as pdata's `Value.AsString()` (collector/values.py).
 
-Traces, the bulk of what stepscope sends, become an Arrow table (collector/traces.py: the hot loop);
-metrics and logs become Python lists per column (one list per column, no dict per row).
+Traces, the bulk of what stepscope sends, become an Arrow table: through the compiled decoder
+(collector/spans.py) where a C compiler is found, else in Python (collector/traces.py), to the same rows.
+Metrics and logs become Python lists per column (one list per column, no dict per row).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
+from collector import spans
 from collector.otlp import PayloadError
 from collector.traces import SPAN_KINDS, STATUS_CODES, TRACE_COLUMNS, RawTraceRequest, spans_table
 from collector.values import ZERO_SPAN, ZERO_TRACE, attrs, float_str, hex_id, value_str
@@ -121,6 +123,7 @@ class Batch:
     columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
+    deferred_rows: int = 0  # rows checked but not built: decoded again at insert (`traces_rows`)
 
     def rows(self, table: str) -> int:
         data = self.tables.get(table)
@@ -148,15 +151,50 @@ def traces(request: Any) -> Batch:
         raise PayloadError("a span or event time is past the year 2262") from None
     except DecodeError as e:  # an attribute that is not a KeyValue (a payload not parsed before)
         raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {e}") from None
-    batch = Batch(tables={"otel_traces": table}, columns={"otel_traces": TRACE_COLUMNS})
-    if bad:
-        batch.rejected = bad
-        batch.errors.append(f"{bad} span(s) without a valid 16-byte trace id and 8-byte span id")
+    return _trace_batch(table, bad)
+
+
+def _trace_batch(table: pa.Table | None, rejected: int, deferred_rows: int = 0) -> Batch:
+    batch = Batch(deferred_rows=deferred_rows)
+    if table is not None:
+        batch.tables["otel_traces"], batch.columns["otel_traces"] = table, TRACE_COLUMNS
+    if rejected:
+        batch.rejected = rejected
+        batch.errors.append(f"{rejected} span(s) without a valid 16-byte trace id and 8-byte span id")
     return batch
+
+
+def check_traces(payload: bytes) -> Batch:
+    """What the receiver needs before it acknowledges a request: PayloadError if the bytes are not a valid
+    ExportTraceServiceRequest, else how many spans are kept (`deferred_rows`) and how many rejected. The
+    columns are built at insert time, for a whole group at once (`traces_rows`). Without the compiled
+    decoder this is `traces_payload`."""
+    if not spans.available():
+        return traces_payload(payload)
+    with spans.SpanDecoder() as decoder:
+        decoder.feed(payload)
+        return _trace_batch(None, decoder.rejected, deferred_rows=decoder.rows)
+
+
+def traces_rows(payloads: list[bytes]) -> tuple[Batch, list[int]]:
+    """The rows of several ExportTraceServiceRequests as one batch (one Arrow table), and the indices of
+    the payloads that did not parse (left out). Needs the compiled decoder (`spans.available()`)."""
+    bad = []
+    with spans.SpanDecoder() as decoder:
+        for i, payload in enumerate(payloads):
+            try:
+                decoder.feed(payload)
+            except PayloadError:
+                bad.append(i)
+        return _trace_batch(decoder.table(), 0), bad
 
 
 def traces_payload(payload: bytes) -> Batch:
     """The rows of one ExportTraceServiceRequest's protobuf bytes; PayloadError if they do not parse."""
+    if spans.available():
+        with spans.SpanDecoder() as decoder:
+            decoder.feed(payload)
+            return _trace_batch(decoder.table(), decoder.rejected)
     try:
         request = RawTraceRequest.FromString(payload)
     except (DecodeError, RuntimeError, ValueError) as e:

@@ -1,14 +1,21 @@
 """Acknowledge a batch once it is fsynced to the spool; insert spooled batches into the store in groups.
 
-    request -> decode -> columns -> spool.put (fsync) -> ack          (columns kept in memory, bounded)
+    request -> decode (check) -> spool.put (fsync) -> ack
                                         |
-    insert thread: pending entries -> group manifest (fsync) -> one insert per table (group token)
-                   -> remove entries, then the manifest
+    insert thread: pending entries -> group manifest (fsync) -> decode the group's spans into one
+                   Arrow table -> one insert per table (group token) -> remove entries, then the manifest
 
 Every batch takes the same road, so "acknowledged" always means "on disk", whether the store is up, slow or
 unreachable, and the store sees few large inserts instead of many small ones: ClickHouse's cost per insert
 (a part per table and per view) is what limits a row-at-a-time pipeline, not the rows. A group replayed
 after a crash carries the token it was recorded with, so ClickHouse drops what had already gone in.
+
+Spans go through the compiled decoder (collector/spans.py) twice: in the request thread to refuse what does
+not parse and count what is rejected, before the acknowledgement; in the insert thread, straight from the
+spooled bytes of a whole group into one table. Decoding is cheaper than holding columns and merging them,
+and nothing but the spool holds a request once it is acknowledged. Without a C compiler spans are converted
+in Python when they arrive (in `--convert-workers` processes), kept in memory up to CACHE_MAX_ROWS and
+merged per group, as metrics and logs are.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector import convert, otlp
+from collector import convert, otlp, spans
 from collector.spool import Entry, Spool, SpoolFull
 from collector.store import Store, StoreError, StoreUnavailable
 from collector.workers import ConvertPool
@@ -88,16 +95,22 @@ class Ingestor:
         self._thread: threading.Thread | None = None
         self._cache: dict[str, convert.Batch] = {}  # spool file name -> its columns
         self._cached_rows = 0
+        self._sizes: dict[str, int] = {}  # spool file name -> rows, of batches decoded at insert
+        self._native = False  # spans through the compiled decoder (set in start())
+        self._finishing = False
         self._attempts: dict[str, int] = {}
         self._alone: set[str] = set()  # entries to insert one by one after their group kept failing
-        self._workers = ConvertPool(convert_workers) if convert_workers > 0 else None
+        self._convert_workers = convert_workers
+        self._workers: ConvertPool | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         """Open the spool and the store, then start inserting. A server that does not answer is not
         fatal (batches spool until it does); a chDB directory held by another process is (StoreError)."""
         self.spool.open()
-        if self._workers:
+        self._native = spans.available()
+        if self._convert_workers > 0 and not self._native:  # the compiled decoder needs no workers
+            self._workers = ConvertPool(self._convert_workers)
             self._workers.start()
         try:
             self._connect()
@@ -134,12 +147,13 @@ class Ingestor:
         }
 
     def wait_drained(self, timeout_s: float) -> bool:
-        """Block until nothing is spooled (True) or `timeout_s` passes (False)."""
+        """Block until nothing is spooled and no group is left half cleaned up (True) or `timeout_s`
+        passes (False)."""
         deadline = time.monotonic() + timeout_s
-        while self.spool.count and time.monotonic() < deadline:
+        while (self.spool.count or self._finishing) and time.monotonic() < deadline:
             self._wake.set()
             time.sleep(0.02)
-        return not self.spool.count
+        return not (self.spool.count or self._finishing)
 
     # --- ingest ---------------------------------------------------------------------------------------
     def submit(self, signal: str, decoded: otlp.Decoded) -> Outcome:
@@ -150,8 +164,11 @@ class Ingestor:
                 raise Backpressure(429, "too many concurrent export requests", self.retry_after_s)
             self._inflight += 1
         try:
-            batch = self._convert(signal, decoded.message, decoded.payload)
-            if batch.tables:
+            if signal == "traces" and self._native:
+                batch = convert.check_traces(decoded.payload)
+            else:
+                batch = self._convert(signal, decoded.message, decoded.payload)
+            if batch.tables or batch.deferred_rows:
                 token = batch_token(signal, decoded.payload)
                 try:
                     entry = self.spool.put(signal, token, decoded.payload, time.time_ns())
@@ -160,7 +177,9 @@ class Ingestor:
                     raise Backpressure(503, detail, self.retry_after_s * 5) from e
                 rows = _rows(batch)
                 with self._lock:
-                    if self._cached_rows + rows <= CACHE_MAX_ROWS:
+                    if batch.deferred_rows:
+                        self._sizes[entry.path.name] = batch.deferred_rows
+                    elif self._cached_rows + rows <= CACHE_MAX_ROWS:
                         self._cache[entry.path.name] = batch
                         self._cached_rows += rows
                 self._wake.set()
@@ -241,7 +260,7 @@ class Ingestor:
         if not entries:
             self.spool.drop_group(manifest)
             return False
-        batches = [b for b in (self._batch_of(e) for e in entries) if b is not None]
+        batches = self._batches_of(entries)
         merged = convert.merge(batches) if batches else convert.Batch()
         try:
             for table, columns in merged.tables.items():
@@ -252,10 +271,40 @@ class Ingestor:
             self._count_failure(manifest, token, entries, e)
             return False
         log.debug("inserted a group of %d batches, %d rows", len(entries), _rows(merged))
-        self.spool.finish_group(manifest, entries)
+        self._finishing = True  # the entries go before the manifest: not drained until both have
+        try:
+            self.spool.finish_group(manifest, entries)
+        finally:
+            self._finishing = False
         self._forget(entries)
         self._set_up()
         return True
+
+    def _batches_of(self, entries: list[Entry]) -> list[convert.Batch]:
+        """The rows of a group's entries: cached or converted one by one, and the spans of the rest decoded
+        together into one table. An entry that cannot be read or parsed is set aside."""
+        batches, decode, payloads = [], [], []
+        for entry in entries:
+            if entry.signal == "traces" and self._native and entry.path.name not in self._cache:
+                try:
+                    payloads.append(self.spool.read(entry))
+                    decode.append(entry)
+                except OSError as e:
+                    self._set_aside(entry, e)
+            else:
+                batch = self._batch_of(entry)
+                if batch is not None:
+                    batches.append(batch)
+        if payloads:
+            batch, bad = convert.traces_rows(payloads)
+            for i in bad:
+                self._set_aside(decode[i], "not an ExportTraceServiceRequest")
+            batches.append(batch)
+        return batches
+
+    def _set_aside(self, entry: Entry, why: object) -> None:
+        target = self.spool.set_aside(entry)
+        log.error("spooled batch %s does not parse (%s); moved to %s", entry.path.name, why, target)
 
     def _batch_of(self, entry: Entry) -> convert.Batch | None:
         batch = self._cache.get(entry.path.name)
@@ -264,8 +313,7 @@ class Ingestor:
         try:
             return self._convert(entry.signal, None, self.spool.read(entry))
         except Exception as e:  # a spool file that does not parse can never be inserted
-            target = self.spool.set_aside(entry)
-            log.error("spooled batch %s does not parse (%s); moved to %s", entry.path.name, e, target)
+            self._set_aside(entry, e)
             return None
 
     def _convert(self, signal: str, message: Any, payload: bytes) -> convert.Batch:
@@ -278,8 +326,11 @@ class Ingestor:
 
     def _rows_of(self, entry: Entry) -> int:
         batch = self._cache.get(entry.path.name)
-        # an uncached entry is about 400 bytes a row in protobuf: a good enough guess for sizing groups
-        return _rows(batch) if batch is not None else max(1, entry.size // 400)
+        if batch is not None:
+            return _rows(batch)
+        rows = self._sizes.get(entry.path.name)
+        # an entry from before a restart is about 400 bytes a row in protobuf: good enough to size groups
+        return rows if rows is not None else max(1, entry.size // 400)
 
     def _forget(self, entries: list[Entry]) -> None:
         with self._lock:
@@ -287,6 +338,7 @@ class Ingestor:
                 batch = self._cache.pop(entry.path.name, None)
                 if batch is not None:
                     self._cached_rows -= _rows(batch)
+                self._sizes.pop(entry.path.name, None)
                 self._alone.discard(entry.path.name)
 
     def _count_failure(self, manifest: Path, token: str, entries: list[Entry], e: StoreError) -> None:

@@ -189,9 +189,10 @@ class SpanDecoder:
             return pa.Array.from_buffers(_STR, n, [None, b[f"{name}_off"], b[name]])
 
         def maps(name: str, n: int) -> pa.MapArray:
-            count = ints(f"{name}_off", n + 1)
-            entries = count[n].as_py()
-            return pa.MapArray.from_arrays(count, strings(f"{name}_k", entries), strings(f"{name}_v", entries))
+            offsets = ints(f"{name}_off", n + 1)
+            entries = offsets[n].as_py()
+            keys, values = strings(f"{name}_k", entries), strings(f"{name}_v", entries)
+            return pa.MapArray.from_arrays(offsets, keys, values)
 
         scope_of_row, scope_resource = ints("scope", rows), ints("sc_res", scopes)
         ev_off, ln_off = ints("ev_off", rows + 1), ints("ln_off", rows + 1)
