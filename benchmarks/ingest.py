@@ -28,7 +28,10 @@ does) after the collector has stopped. `*_cpu_us` are CPU microseconds per span 
 moved by the neighbours' load than the rates.
 
 `collector_cpu_s` is the collector process's CPU time (its worker processes included) over the measured
-window, `sender_cpu_s` the senders' (this process, on the same machine). The last line is one JSON object.
+window, `sender_cpu_s` the senders' (this process, on the same machine). `collector_rss_mb` is the
+collector's peak resident memory (the sum of each of its processes' high-water mark), chDB included. The
+last line is one JSON object; the same goes to `benchmarks/results/<date>-<commit>-ingest.json` with the
+CPU model, core count, load average before and after, and the arguments (benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import results  # noqa: E402
 from collector import convert  # noqa: E402
 from collector.ingest import GROUP_MIN_ROWS  # noqa: E402
 from collector.store import Store  # noqa: E402
@@ -159,10 +163,31 @@ def cpu_seconds(session: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mb(session: int) -> float:
+    """The summed peak resident set (VmHWM) of every process in a session, in MiB."""
+    total_kb = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            stat = (status.parent / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[3]) != session:
+                continue
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total_kb += int(line.split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+    return total_kb / 1024
+
+
 def wait_stored(port: int, want: int, timeout_s: float = 120) -> int:
-    """Poll count() until `want` spans are in otel_traces (acknowledged spans may still be spooled)."""
+    """Wait until `want` spans are in otel_traces (acknowledged spans may still be spooled): poll /health
+    until nothing is spooled, then count(). /health costs the collector far less than a query would, so
+    the polling takes little of the CPU being measured."""
     deadline, got = time.monotonic() + timeout_s, -1
     while time.monotonic() < deadline:
+        if httpx.get(f"http://127.0.0.1:{port}/health").json()["spooled_batches"]:
+            time.sleep(0.02)
+            continue
         r = httpx.post(f"http://127.0.0.1:{port}/api/sql", json={"sql": "SELECT count() FROM otel_traces"})
         got = r.json()["rows"][0][0]
         if got >= want:
@@ -267,6 +292,7 @@ def main() -> int:
         print(json.dumps(raw_leg(args.raw_leg, args.bodies, args.store, args.block_rows)))
         return 0
 
+    load_before = os.getloadavg()
     spans = make_spans(args.requests)
     bodies = encode_batches(spans, args.batch)
     warm = encode_batches(make_spans(200, seed=1), args.batch)
@@ -283,6 +309,7 @@ def main() -> int:
             elapsed = time.perf_counter() - t0
             collector_cpu_s = cpu_seconds(proc.pid) - cpu0
             sender_cpu_s = time.process_time() - senders0
+            rss_mb = peak_rss_mb(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -305,6 +332,7 @@ def main() -> int:
         "collector_cpu_s": round(collector_cpu_s, 2),
         "sender_cpu_s": round(sender_cpu_s, 2),
         "collector_cpu_us": round(collector_cpu_s / len(spans) * 1e6, 1),
+        "collector_rss_mb": round(rss_mb),
         "raw_cpu_us": round(native["cpu_s"] / native["rows"] * 1e6, 1),
         "raw_arrow_cpu_us": round(arrow["cpu_s"] / arrow["rows"] * 1e6, 1),
         "spans_per_s": round(spans_per_s),
@@ -320,6 +348,8 @@ def main() -> int:
           f"column-oriented insert (ratio {result['ratio']}), {result['raw_arrow_rows_per_s']} rows/s Arrow "
           f"insert (ratio {result['ratio_vs_arrow']}); {stored} of {len(spans)} spans stored")  # fmt: skip
     print(json.dumps(result))
+    arguments = {k: v for k, v in vars(args).items() if k in ("requests", "senders", "batch", "block_rows")}
+    print(f"wrote {results.write('ingest', result, arguments, load_before)}", file=sys.stderr)
     return 0 if complete else 1
 
 

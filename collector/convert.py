@@ -11,6 +11,7 @@ Metrics and logs become Python lists per column (one list per column, no dict pe
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -171,9 +172,14 @@ def check_traces(payload: bytes) -> Batch:
     decoder this is `traces_payload`."""
     if not spans.available():
         return traces_payload(payload)
-    with spans.SpanDecoder() as decoder:
-        decoder.feed(payload)
-        return _trace_batch(None, decoder.rejected, deferred_rows=decoder.rows)
+    decoder = getattr(_checkers, "decoder", None)
+    if decoder is None:  # one per thread, reused: its buffers stay allocated
+        decoder = _checkers.decoder = spans.SpanDecoder()
+    rows, rejected = decoder.check(payload)
+    return _trace_batch(None, rejected, deferred_rows=rows)
+
+
+_checkers = threading.local()
 
 
 def traces_rows(payloads: list[bytes]) -> tuple[Batch, list[int]]:

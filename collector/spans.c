@@ -57,6 +57,7 @@ typedef struct {
 typedef struct {
     buf_t b[NBUF];
     int64_t rows, rejected, resources, scopes; /* counts: keep these right after the buffers */
+    int64_t check_only; /* parse, validate and count, but format no attribute value (ss_check) */
     char error[256];
 } decoder_t;
 
@@ -607,6 +608,11 @@ static int map_add(decoder_t *d, int m, reader_t r) {
     reader_t key, value;
     int has;
     if (key_value(d, r, &key, &value, &has)) return -1;
+    if (d->check_only) { /* validate the value (nested ones by rendering them, into what is dropped) */
+        value_t v;
+        if (!has || any_value(d, value, &v)) return has ? -1 : 0;
+        return v.kind == V_ARRAY || v.kind == V_KVLIST ? json_value(d, m + 3, &v, 0) : 0;
+    }
     if (put_str(d, m + 1, key.p, key.end - key.p)) return -1;
     if (value_str(d, m + 3, value, has)) return -1;
     return end_str(d, m + 3);
@@ -621,6 +627,7 @@ static int same_key(decoder_t *d, int m, const int32_t *off, int64_t a, int64_t 
 /* Close the row whose entries start at entry `first`: a repeated key keeps its first position and its
    last value (a Python dict), then the row's end goes to the row offsets. */
 static int map_end_row(decoder_t *d, int m, int64_t first) {
+    if (d->check_only) return 0;
     int64_t n = entries(d, m) - first;
     const int32_t *koff = (const int32_t *)d->b[m + 2].p + first;
     int repeated = 0;
@@ -922,9 +929,30 @@ int ss_resource_rows(decoder_t *d) {
     return 0;
 }
 
+static int feed(decoder_t *d, const uint8_t *p, int64_t n);
+
 /* Append the rows of one ExportTraceServiceRequest. 0 on success; -1 (buffers as before, d->error set)
    when the bytes are not a valid request. */
 int ss_feed(decoder_t *d, const uint8_t *p, int64_t n) {
+    d->check_only = 0;
+    return feed(d, p, n);
+}
+
+/* What ss_feed would refuse, it refuses too, and it counts the rows and rejected spans the same way, but
+   it keeps no row and formats no value: what the receiver needs to know before it acknowledges. */
+int ss_check(decoder_t *d, const uint8_t *p, int64_t n) {
+    mark_t before;
+    mark(d, &before);
+    d->check_only = 1;
+    int rc = feed(d, p, n);
+    d->check_only = 0;
+    int64_t rows = d->rows, rejected = d->rejected;
+    rollback(d, &before);
+    if (rc == 0) d->rows = rows, d->rejected = rejected;
+    return rc;
+}
+
+static int feed(decoder_t *d, const uint8_t *p, int64_t n) {
     mark_t before;
     mark(d, &before);
     d->error[0] = 0;

@@ -60,6 +60,8 @@ def _load() -> ctypes.CDLL | None:
                 lib.ss_reset.argtypes = [ctypes.c_void_p]
                 lib.ss_feed.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
                 lib.ss_feed.restype = ctypes.c_int
+                lib.ss_check.argtypes = lib.ss_feed.argtypes
+                lib.ss_check.restype = ctypes.c_int
                 lib.ss_buffer_names.restype = ctypes.c_char_p
                 lib.ss_detach.argtypes = [ctypes.c_void_p, ctypes.c_int]
                 lib.ss_detach.restype = ctypes.c_void_p
@@ -112,6 +114,7 @@ def _decoder_struct(names: list[str]) -> type[ctypes.Structure]:
             ("rejected", ctypes.c_int64),
             ("resources", ctypes.c_int64),
             ("scopes", ctypes.c_int64),
+            ("check_only", ctypes.c_int64),
             ("error", ctypes.c_char * 256),
         ]
 
@@ -159,8 +162,18 @@ class SpanDecoder:
     def feed(self, payload: bytes) -> int:
         """Append the rows of one ExportTraceServiceRequest's bytes; how many spans it had rejected.
         PayloadError (and nothing appended) if the bytes are not a valid request."""
+        return self._call(self._lib.ss_feed, payload)
+
+    def check(self, payload: bytes) -> tuple[int, int]:
+        """What `feed` would keep and reject of one request, without keeping anything: (rows, rejected).
+        PayloadError for what `feed` refuses."""
+        rows = self._state.rows
+        rejected = self._call(self._lib.ss_check, payload)
+        return self._state.rows - rows, rejected
+
+    def _call(self, fn: ctypes._CFuncPtr, payload: bytes) -> int:
         before = self._state.rejected
-        if self._lib.ss_feed(self._ptr, bytes(payload), len(payload)) != 0:
+        if fn(self._ptr, bytes(payload), len(payload)) != 0:
             detail = self._state.error.decode(errors="replace")
             if "2262" in detail:
                 raise PayloadError(detail)
