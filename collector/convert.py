@@ -199,8 +199,8 @@ def traces_payload(payload: bytes) -> Batch:
     """The rows of one ExportTraceServiceRequest's protobuf bytes; PayloadError if they do not parse."""
     if spans.available():
         with spans.SpanDecoder() as decoder:
-            decoder.feed(payload)
-            return _trace_batch(decoder.table(), decoder.rejected)
+            rejected = decoder.feed(payload)
+            return _trace_batch(decoder.table(), rejected)
     try:
         request = RawTraceRequest.FromString(payload)
     except (DecodeError, RuntimeError, ValueError) as e:

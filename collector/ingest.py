@@ -35,7 +35,9 @@ from collector.workers import ConvertPool
 
 log = logging.getLogger(__name__)
 
-GROUP_MAX_ROWS = 100_000  # rows per insert; bounds the memory of one insert
+# Rows per insert; bounds the memory of one insert (the group's columns are held about five times over
+# while ClickHouse takes them: decoded, Arrow IPC, the client's copy, chDB's read and its columns).
+GROUP_MAX_ROWS = 50_000
 CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread; past it, re-decoded from disk
 # A group under GROUP_MIN_ROWS waits for more while batches keep coming (the newest is under QUIET_S old),
 # for up to LINGER_MAX_S after its oldest. ClickHouse's CPU per row is several times higher in inserts of a

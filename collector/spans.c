@@ -281,15 +281,58 @@ static int put_base64(decoder_t *d, int i, const uint8_t *s, int64_t n) {
     return 0;
 }
 
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The `len`-digit decimal that reads back as x (normal, > 0), found with exact double arithmetic: -1 when
+   there is none, -2 when this cannot tell. The scaled value t = x * 10^k (one rounding, so within 0.2 of
+   the exact product) has its nearest integer m within 1 of every `len`-digit candidate that could read back
+   (the interval that reads back as x is under one unit of the last digit each side), so the candidates are
+   m - 1, m, m + 1; each is checked exactly by Clinger's fast path (an integer under 2^53 times or over an
+   exact power of ten is one correctly rounded operation). Two that read back: the nearest is wanted, and
+   that is left to the slow path. */
+static int exact_digits(double x, int len, int k, uint64_t *out) {
+    if (k < -22 || k > 22) return -2;
+    double m = nearbyint(k >= 0 ? x * POW10[k] : x / POW10[-k]), low = POW10[len - 1], high = POW10[len];
+    if (m < low || m >= high || m + 1 > 9007199254740992.0) return -2;
+    int found = 0;
+    for (double c = m - 1; c <= m + 1; c++) {
+        if (c < low || c >= high) continue;
+        if ((k >= 0 ? c / POW10[k] : c * POW10[-k]) == x) {
+            if (found) return -2;
+            *out = (uint64_t)c;
+            found = 1;
+        }
+    }
+    return found ? 0 : -1;
+}
+
 /* The shortest decimal digits that read back as x (finite, > 0), as Python's repr finds them:
-   digits[0..n) with x = 0.d1d2...dn * 10^decpt. A correctly rounded 15-digit form is the shortest one
-   padded with zeros whenever the shortest has at most 15 digits; past that, 16 digits (the nearest, or
-   its neighbour on the far side, which near a power of two can be the one that reads back) or 17.
+   digits[0..n) with x = 0.d1d2...dn * 10^decpt. When the shortest has at most 15 digits, the 15-digit
+   decimal that reads back is unique and is it padded with zeros; past that, the 16-digit one (the nearest,
+   should two read back) or the correctly rounded 17 digits. Exact double arithmetic settles most values
+   (exact_digits); the rest take glibc's correctly rounded printf and strtod, which for 16 digits also try
+   the nearest's neighbour on the far side (near a power of two it can be the one that reads back).
    Subnormals (fewer significant bits) try every length from 1. */
 static int shortest(double x, char *digits, int *decpt) {
     char tmp[40];
-    /* a subnormal has fewer significant bits, so its shortest form can be far under 15 digits */
-    for (int prec = x < 2.2250738585072014e-308 ? 1 : 15; prec <= 17; prec++) {
+    int first = 15;
+    if (x >= 2.2250738585072014e-308) {
+        int k = 14 - (int)floor(log10(x));
+        uint64_t m;
+        int r15 = exact_digits(x, 15, k, &m), r16 = r15 == -1 ? exact_digits(x, 16, k + 1, &m) : -2;
+        if (r15 == 0 || r16 == 0) {
+            int n = r15 == 0 ? 15 : 16;
+            for (int i = n - 1; i >= 0; i--, m /= 10) digits[i] = (char)('0' + m % 10);
+            *decpt = 15 - k;
+            while (n > 1 && digits[n - 1] == '0') n--;
+            return n;
+        }
+        first = r15 == -1 ? (r16 == -1 ? 17 : 16) : 15;
+    } else {
+        first = 1;
+    }
+    for (int prec = first; prec <= 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*e", prec - 1, x);
         char *e = strchr(tmp, 'e');
         int n = 0;
@@ -487,18 +530,56 @@ static int next_element(decoder_t *d, reader_t *r, reader_t *element, int *found
     return 0;
 }
 
+/* Keys as (start, end) byte positions in `base`: key i is base[pos[2i] .. pos[2i + 1]). */
 typedef struct {
-    int64_t key_start, key_end, value_start, value_end; /* in the scratch buffer */
-    int64_t last; /* the index of the entry whose value this key takes (a repeated key: the last one) */
-    int first; /* 1 for a key's first occurrence */
-} entry_t;
+    const char *base;
+    const int64_t *pos;
+} keys_t;
+
+static int key_equal(keys_t k, int64_t a, int64_t b) {
+    int64_t len = k.pos[2 * a + 1] - k.pos[2 * a];
+    return len == k.pos[2 * b + 1] - k.pos[2 * b] && !memcmp(k.base + k.pos[2 * a], k.base + k.pos[2 * b], (size_t)len);
+}
+
+/* first[i] = the index of the first key equal to key i (i itself for a first occurrence). Returns 1 when
+   some key repeats, 0 when none does, -1 when out of memory. Pairwise for a few keys; a hash table past
+   that, so that a request with a huge attribute list costs linear time, not quadratic. */
+static int first_keys(decoder_t *d, keys_t k, int64_t n, int64_t *first) {
+    int repeated = 0;
+    if (n <= 16) {
+        for (int64_t a = 0; a < n; a++) {
+            first[a] = a;
+            for (int64_t b = 0; b < a; b++)
+                if (first[b] == b && key_equal(k, a, b)) {
+                    first[a] = b, repeated = 1;
+                    break;
+                }
+        }
+        return repeated;
+    }
+    uint64_t cap = 32;
+    while (cap < 2 * (uint64_t)n) cap *= 2;
+    int64_t *slot = malloc(cap * sizeof *slot);
+    if (!slot) return fail(d, "out of memory");
+    memset(slot, 0xff, cap * sizeof *slot); /* -1: empty */
+    for (int64_t a = 0; a < n; a++) {
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+        for (int64_t c = k.pos[2 * a]; c < k.pos[2 * a + 1]; c++) h = (h ^ (uint8_t)k.base[c]) * 1099511628211ULL;
+        for (h &= cap - 1; slot[h] >= 0 && !key_equal(k, slot[h], a); h = (h + 1) & (cap - 1)) {
+        }
+        if (slot[h] >= 0) first[a] = slot[h], repeated = 1;
+        else slot[h] = first[a] = a;
+    }
+    free(slot);
+    return repeated;
+}
 
 /* A KeyValueList as a JSON object with dict semantics: each key once, at its first position, with its
    last value. Entries are rendered into the end of buffer `i` first, then rewritten in that order. */
 static int json_kvlist(decoder_t *d, int i, reader_t r, int depth) {
     buf_t *b = &d->b[i];
     int64_t start = b->len, n = 0, cap = 0;
-    entry_t *e = NULL;
+    int64_t *pos = NULL, *first = NULL; /* per entry: key start, key end, value start, value end */
     int rc = -1;
     for (;;) {
         reader_t element, key, value;
@@ -508,39 +589,44 @@ static int json_kvlist(decoder_t *d, int i, reader_t r, int depth) {
         if (key_value(d, element, &key, &value, &has)) goto out;
         if (n == cap) {
             cap = cap ? 2 * cap : 8;
-            entry_t *grown = realloc(e, (size_t)cap * sizeof *e);
+            int64_t *grown = realloc(pos, (size_t)cap * 4 * sizeof *pos);
             if (!grown) {
                 fail(d, "out of memory");
                 goto out;
             }
-            e = grown;
+            pos = grown;
         }
-        e[n].key_start = b->len;
+        pos[4 * n] = b->len;
         if (put_json_str(d, i, key.p, key.end - key.p)) goto out;
-        e[n].key_end = e[n].value_start = b->len;
+        pos[4 * n + 1] = pos[4 * n + 2] = b->len;
         if (json_of(d, i, value, has, depth + 1)) goto out;
-        e[n].value_end = b->len;
-        e[n].first = 1, e[n].last = n;
-        for (int64_t j = 0; j < n; j++) {
-            int64_t len = e[j].key_end - e[j].key_start;
-            if (e[j].first && len == e[n].key_end - e[n].key_start &&
-                !memcmp(b->p + e[j].key_start, b->p + e[n].key_start, (size_t)len)) {
-                e[j].last = n, e[n].first = 0;
-                break;
-            }
-        }
+        pos[4 * n + 3] = b->len;
         n++;
     }
     {
+        /* keys[2j], keys[2j + 1]: key j's bytes; last[f]: the last entry with the key of first occurrence f */
+        int64_t *keys = malloc((size_t)(2 * n + 1) * sizeof *keys);
+        first = malloc((size_t)(2 * n + 1) * sizeof *first);
+        if (!keys || !first) {
+            free(keys);
+            fail(d, "out of memory");
+            goto out;
+        }
+        int64_t *last = first + n;
+        for (int64_t j = 0; j < n; j++) keys[2 * j] = pos[4 * j], keys[2 * j + 1] = pos[4 * j + 1];
+        int repeated = first_keys(d, (keys_t){b->p, keys}, n, first);
+        free(keys);
+        if (repeated < 0) goto out;
+        for (int64_t j = 0; j < n; j++) last[first[j]] = j;
         int64_t rendered = b->len;
         /* room for the object at once, so that the entries copied from this buffer never move */
         if (reserve(d, b, rendered - start + n + 2) || put(d, i, "{", 1)) goto out;
         int comma = 0;
         for (int64_t j = 0; j < n; j++) {
-            if (!e[j].first) continue;
-            const entry_t *k = &e[j], *v = &e[e[j].last];
-            if ((comma && put(d, i, ",", 1)) || put(d, i, b->p + k->key_start, k->key_end - k->key_start) ||
-                put(d, i, ":", 1) || put(d, i, b->p + v->value_start, v->value_end - v->value_start))
+            if (first[j] != j) continue;
+            int64_t v = last[j];
+            if ((comma && put(d, i, ",", 1)) || put(d, i, b->p + pos[4 * j], pos[4 * j + 1] - pos[4 * j]) ||
+                put(d, i, ":", 1) || put(d, i, b->p + pos[4 * v + 2], pos[4 * v + 3] - pos[4 * v + 2]))
                 goto out;
             comma = 1;
         }
@@ -551,7 +637,8 @@ static int json_kvlist(decoder_t *d, int i, reader_t r, int depth) {
     }
     rc = 0;
 out:
-    free(e);
+    free(pos);
+    free(first);
     return rc;
 }
 
@@ -618,61 +705,54 @@ static int map_add(decoder_t *d, int m, reader_t r) {
     return end_str(d, m + 3);
 }
 
-static int same_key(decoder_t *d, int m, const int32_t *off, int64_t a, int64_t b) {
-    int32_t alen = off[a + 1] - off[a], blen = off[b + 1] - off[b];
-    const char *keys = d->b[m + 1].p;
-    return alen == blen && !memcmp(keys + off[a], keys + off[b], (size_t)alen);
-}
-
 /* Close the row whose entries start at entry `first`: a repeated key keeps its first position and its
    last value (a Python dict), then the row's end goes to the row offsets. */
 static int map_end_row(decoder_t *d, int m, int64_t first) {
     if (d->check_only) return 0;
-    int64_t n = entries(d, m) - first;
-    const int32_t *koff = (const int32_t *)d->b[m + 2].p + first;
-    int repeated = 0;
-    for (int64_t a = 1; a < n && !repeated; a++)
-        for (int64_t b = 0; b < a && !repeated; b++) repeated = same_key(d, m, koff, a, b);
-    if (repeated) {
-        /* Rare: copy the row's entries aside, truncate, and append them again without repeats. */
-        const int32_t *voff = (const int32_t *)d->b[m + 4].p + first;
-        int64_t kbase = koff[0], vbase = voff[0];
+    int64_t n = entries(d, m) - first, stack[3 * 32], *firsts = stack, *bounds = stack + 32;
+    const int32_t *koff = (const int32_t *)d->b[m + 2].p + first, *voff = (const int32_t *)d->b[m + 4].p + first;
+    int64_t kbase = koff[0], vbase = voff[0];
+    int rc = -1;
+    char *keys = NULL, *values = NULL;
+    int64_t *last = NULL;
+    if (n > 32) { /* bounds: key i at bounds[2i], bounds[2i + 1]; firsts as first_keys fills it */
+        firsts = malloc((size_t)(3 * n) * sizeof *firsts), bounds = firsts + n;
+        if (!firsts) return fail(d, "out of memory");
+    }
+    for (int64_t a = 0; a < n; a++) bounds[2 * a] = koff[a], bounds[2 * a + 1] = koff[a + 1];
+    int repeated = first_keys(d, (keys_t){d->b[m + 1].p, bounds}, n, firsts);
+    if (repeated < 0) goto done;
+    if (repeated) { /* rare: copy the row's entries aside, truncate, append them again without repeats */
         int64_t ksize = koff[n] - kbase, vsize = voff[n] - vbase;
-        char *keys = malloc((size_t)ksize + 1), *values = malloc((size_t)vsize + 1);
-        int32_t *offs = malloc((size_t)(2 * (n + 1)) * sizeof *offs);
-        int64_t *last = malloc((size_t)n * sizeof *last);
-        int rc = -1;
-        if (!keys || !values || !offs || !last) {
+        keys = malloc((size_t)ksize + 1), values = malloc((size_t)vsize + 1);
+        last = malloc((size_t)(3 * n + 1) * sizeof *last);
+        if (!keys || !values || !last) {
             fail(d, "out of memory");
             goto done;
         }
+        int64_t *vb = last + n; /* value bounds */
         memcpy(keys, d->b[m + 1].p + kbase, (size_t)ksize);
         memcpy(values, d->b[m + 3].p + vbase, (size_t)vsize);
-        for (int64_t k = 0; k <= n; k++) offs[k] = koff[k] - (int32_t)kbase, offs[n + 1 + k] = voff[k] - (int32_t)vbase;
         for (int64_t a = 0; a < n; a++) {
-            last[a] = a;
-            for (int64_t b = 0; b < a; b++)
-                if (last[b] >= 0 && offs[a + 1] - offs[a] == offs[b + 1] - offs[b] &&
-                    !memcmp(keys + offs[a], keys + offs[b], (size_t)(offs[a + 1] - offs[a]))) {
-                    last[b] = a, last[a] = -1;
-                    break;
-                }
+            bounds[2 * a] -= kbase, bounds[2 * a + 1] -= kbase;
+            vb[2 * a] = voff[a] - vbase, vb[2 * a + 1] = voff[a + 1] - vbase;
+            last[firsts[a]] = a;
         }
         d->b[m + 1].len = kbase, d->b[m + 3].len = vbase;
         d->b[m + 2].len = d->b[m + 4].len = (first + 1) * 4;
         for (int64_t a = 0; a < n; a++) {
-            if (last[a] < 0) continue;
-            const int32_t *vo = offs + n + 1;
-            if (put_str(d, m + 1, (const uint8_t *)keys + offs[a], offs[a + 1] - offs[a]) ||
-                put_str(d, m + 3, (const uint8_t *)values + vo[last[a]], vo[last[a] + 1] - vo[last[a]]))
+            if (firsts[a] != a) continue;
+            int64_t v = last[a];
+            if (put_str(d, m + 1, (const uint8_t *)keys + bounds[2 * a], bounds[2 * a + 1] - bounds[2 * a]) ||
+                put_str(d, m + 3, (const uint8_t *)values + vb[2 * v], vb[2 * v + 1] - vb[2 * v]))
                 goto done;
         }
-        rc = 0;
-    done:
-        free(keys), free(values), free(offs), free(last);
-        if (rc) return -1;
     }
-    return put_i32(d, m, entries(d, m));
+    rc = put_i32(d, m, entries(d, m));
+done:
+    if (n > 32) free(firsts);
+    free(keys), free(values), free(last);
+    return rc;
 }
 
 /* The value of `key` in the map row starting at entry `first` (the row already without repeats). */
@@ -908,6 +988,10 @@ void ss_free(decoder_t *d) {
 /* Hand buffer `i` over to the caller (who frees it); the decoder starts a new one. */
 void *ss_detach(decoder_t *d, int i) {
     void *p = d->b[i].p;
+    if (p && d->b[i].len && d->b[i].len < d->b[i].cap) { /* give back the unused tail of the last doubling */
+        void *trimmed = realloc(p, (size_t)d->b[i].len);
+        if (trimmed) p = trimmed;
+    }
     d->b[i].p = NULL, d->b[i].len = d->b[i].cap = 0;
     return p;
 }
@@ -938,17 +1022,16 @@ int ss_feed(decoder_t *d, const uint8_t *p, int64_t n) {
     return feed(d, p, n);
 }
 
-/* What ss_feed would refuse, it refuses too, and it counts the rows and rejected spans the same way, but
-   it keeps no row and formats no value: what the receiver needs to know before it acknowledges. */
-int ss_check(decoder_t *d, const uint8_t *p, int64_t n) {
+/* What ss_feed would refuse, it refuses too, and it counts the rows it would keep and the spans it would
+   reject, but it keeps nothing and formats no value: what the receiver needs before it acknowledges. */
+int ss_check(decoder_t *d, const uint8_t *p, int64_t n, int64_t *rows, int64_t *rejected) {
     mark_t before;
     mark(d, &before);
     d->check_only = 1;
     int rc = feed(d, p, n);
     d->check_only = 0;
-    int64_t rows = d->rows, rejected = d->rejected;
+    *rows = d->rows - before.rows, *rejected = d->rejected - before.rejected;
     rollback(d, &before);
-    if (rc == 0) d->rows = rows, d->rejected = rejected;
     return rc;
 }
 

@@ -60,7 +60,7 @@ def _load() -> ctypes.CDLL | None:
                 lib.ss_reset.argtypes = [ctypes.c_void_p]
                 lib.ss_feed.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
                 lib.ss_feed.restype = ctypes.c_int
-                lib.ss_check.argtypes = lib.ss_feed.argtypes
+                lib.ss_check.argtypes = [*lib.ss_feed.argtypes, ctypes.c_void_p, ctypes.c_void_p]
                 lib.ss_check.restype = ctypes.c_int
                 lib.ss_buffer_names.restype = ctypes.c_char_p
                 lib.ss_detach.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -162,23 +162,27 @@ class SpanDecoder:
     def feed(self, payload: bytes) -> int:
         """Append the rows of one ExportTraceServiceRequest's bytes; how many spans it had rejected.
         PayloadError (and nothing appended) if the bytes are not a valid request."""
-        return self._call(self._lib.ss_feed, payload)
+        before = self._state.rejected
+        self._raise_unless(self._lib.ss_feed(self._ptr, bytes(payload), len(payload)) == 0)
+        return self._state.rejected - before
 
     def check(self, payload: bytes) -> tuple[int, int]:
         """What `feed` would keep and reject of one request, without keeping anything: (rows, rejected).
         PayloadError for what `feed` refuses."""
-        rows = self._state.rows
-        rejected = self._call(self._lib.ss_check, payload)
-        return self._state.rows - rows, rejected
+        rows, rejected = ctypes.c_int64(), ctypes.c_int64()
+        status = self._lib.ss_check(
+            self._ptr, bytes(payload), len(payload), ctypes.byref(rows), ctypes.byref(rejected)
+        )
+        self._raise_unless(status == 0)
+        return rows.value, rejected.value
 
-    def _call(self, fn: ctypes._CFuncPtr, payload: bytes) -> int:
-        before = self._state.rejected
-        if fn(self._ptr, bytes(payload), len(payload)) != 0:
-            detail = self._state.error.decode(errors="replace")
-            if "2262" in detail:
-                raise PayloadError(detail)
-            raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {detail}")
-        return self._state.rejected - before
+    def _raise_unless(self, ok: bool) -> None:
+        if ok:
+            return
+        detail = self._state.error.decode(errors="replace")
+        if "2262" in detail:
+            raise PayloadError(detail)
+        raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {detail}")
 
     def reset(self) -> None:
         """Forget every row fed so far (the buffers are kept for reuse)."""
