@@ -42,8 +42,8 @@ class CollectorConfig:
     convert_workers: int = field(
         default=1,
         metadata={
-            "help": "processes converting spans to columns beside the receiver (0: in it; on a machine with "
-            "no core to spare 0 costs less CPU: docs/collector.md)"
+            "help": "processes converting spans to columns beside the receiver where the compiled span "
+            "decoder cannot be built (no C compiler); unused otherwise (docs/collector.md)"
         },
     )
 
