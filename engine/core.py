@@ -159,7 +159,7 @@ class EngineCore:
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run the model, sample, update. Returns this step's outputs."""
-        start_ns = time.monotonic_ns()
+        start_ns, cpu_start_ns = time.monotonic_ns(), time.thread_time_ns()
         sched = self.scheduler.schedule()
         schedule_end_ns = time.monotonic_ns()
         if sched.empty:
@@ -169,8 +169,9 @@ class EngineCore:
         before = {seq: seq.num_computed_tokens for seq, _ in sched.scheduled} if self.record_events else None
         outputs = self.scheduler.update_from_output(sched, result.sampled, end_ns)
         if self.record_events:
+            cpu_ns = time.thread_time_ns() - cpu_start_ns
             self._record_step(
-                sched, result.sampled, before, start_ns, schedule_end_ns, result.forward_end_ns, end_ns
+                sched, result.sampled, before, start_ns, schedule_end_ns, result.forward_end_ns, end_ns, cpu_ns
             )
         self._prev_end_ns = end_ns
         self.step_id += 1
@@ -257,6 +258,7 @@ class EngineCore:
         schedule_end_ns: int,
         forward_end_ns: int,
         end_ns: int,
+        cpu_ns: int = 0,
     ) -> None:
         chunks = []
         prefill = decode = ctx_tokens = 0
@@ -295,6 +297,7 @@ class EngineCore:
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
                 bytes_read=self._bytes_read(prefill + decode, ctx_tokens),
+                cpu_ns=cpu_ns,
                 scheduled=chunks,
                 preempted_req_ids=[s.req_id for s in sched.preempted],
             )

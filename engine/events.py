@@ -48,6 +48,9 @@ class StepEvent:
     weight_dtype: str
     kv_dtype: str
     bytes_read: int  # weights plus the KV cache read by attention, an estimate for the roofline
+    # CPU time of the stepping thread over the step (time.thread_time_ns): against the wall time, a step
+    # that waited for a core (contention) shows wall up at equal CPU; slower compute shows CPU up.
+    cpu_ns: int = 0
     scheduled: list[ScheduledChunk] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
 

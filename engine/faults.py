@@ -1,6 +1,6 @@
 """Engine-side fault injection: real contention and real serialization cost, switched at run time.
 
-Two faults need code inside the engine; every other scenario fault is a workload shift (the load
+These faults need code inside the engine; every other scenario fault is a workload shift (the load
 generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
 
 - `scheduler_stall_ms`: the core loop takes `SchedulerStall.lock` around each `core.step()`; while the
@@ -16,6 +16,10 @@ generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
   unquantized checkpoint: every decode step reads ~4x the weight bytes (fp32) and takes longer at the
   same batch size; the step's `weight_dtype` changes. Clearing it puts the int8 modules back.
 
+- `frontend_cpu` (the front end, not the core): the API server tokenizes each prompt that many extra
+  times on its event loop, as a slow tokenizer or heavy request parsing would: the loop gets busy, new
+  requests wait in the front end before reaching the core's queue, and the loop's lag grows.
+
 `FaultSettings` is the whole fault state; the admin API sets it in one go (`{}` clears every fault).
 """
 
@@ -30,6 +34,7 @@ from engine.protocol import get_codec
 MAX_STALL_MS = 10_000.0  # longer than this is not a stall but a hang; refuse it
 STALL_PERIOD_S = (0.10, 0.25)  # how often the stalling thread grabs the lock (uniform, seeded)
 MAX_KV_MBPS = 1e6  # MB/s; 0 means unthrottled
+MAX_FRONTEND_CPU = 1_000_000  # extra tokenizations of each prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class FaultSettings:
     rpc_codec: str = "binary"
     kv_transfer_mbps: float = 0.0  # disaggregated: KV link throttled to this many MB/s (10^6 B/s); 0: off
     weight_quant_off: bool = False  # an int8-weight engine serves full-precision weights
+    frontend_cpu: int = 0  # the front end tokenizes each prompt this many extra times on its event loop
 
     def __post_init__(self) -> None:
         stall = self.scheduler_stall_ms
@@ -51,6 +57,9 @@ class FaultSettings:
         mbps = self.kv_transfer_mbps
         if isinstance(mbps, bool) or not isinstance(mbps, (int, float)) or not 0 <= mbps <= MAX_KV_MBPS:
             raise ValueError(f"kv_transfer_mbps must be a number in [0, {MAX_KV_MBPS:g}], got {mbps!r}")
+        k = self.frontend_cpu
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_FRONTEND_CPU:
+            raise ValueError(f"frontend_cpu must be an integer in [0, {MAX_FRONTEND_CPU}], got {k!r}")
         if not isinstance(self.weight_quant_off, bool):
             raise ValueError(f"weight_quant_off must be true or false, got {self.weight_quant_off!r}")
 

@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.core_client import AsyncEngineClient, CoreProcess
 from engine.engine_client import CoreError, EngineClient, OutputQueue, RpcDelay
 from engine.faults import FaultSettings
+from engine.loop_lag import LoopLag
 from engine.metrics import ServerMetrics
 from engine.openai_protocol import (
     DEFAULT_MAX_TOKENS,
@@ -100,6 +101,7 @@ class OpenAIServer:
         self.metrics.set_engine_info(self.info)
         self.created = int(time.time())
         self.faults = FaultSettings()  # engine/faults.py, set through /admin/faults
+        self.loop_lag = LoopLag()
         self.telemetry = settings.telemetry
         if self.telemetry is not None:
             self.telemetry.watch_engine(lambda: self.client.stats)
@@ -211,6 +213,8 @@ class OpenAIServer:
         if trace is not None:  # the core's phase spans hang on our span, not the caller's
             engine_req.trace_context = trace.traceparent
         tally = _Tally(len(prompt_ids), arrival_ns / 1e9, trace=trace)
+        if trace is not None:
+            trace.handoff_ns = time.monotonic_ns()  # the front end's part of TTFT ends here
         queue = self.client.add(engine_req)  # no await since _admit: the count stays exact
         tally.rpc_delay, tally.output_queue = queue.rpc_delay, queue
         finish = functools.partial(self._finish, rid, tally)
@@ -265,6 +269,8 @@ class OpenAIServer:
             ids = await asyncio.to_thread(self.tokenizer.encode, text)
         else:
             ids = self.tokenizer.encode(text)
+        for _ in range(self.faults.frontend_cpu):  # the frontend_cpu fault: real work on the loop
+            self.tokenizer.encode(text)
         if not ids:
             raise APIError(400, "the prompt is empty", "prompt")
         return ids
@@ -355,6 +361,7 @@ class OpenAIServer:
                 tally.trace.span.set_attributes(_rpc_attributes(tally.rpc_delay))
             queue = tally.output_queue
             tally.trace.kv_transfer_ns = queue.kv_transfer_ns if queue is not None else 0
+            tally.trace.loop_lag_s = self.loop_lag.worst_since(tally.trace.arrival_ns)
             self.telemetry.finish(tally.trace, reason, tally.error)
 
     async def _sse(
@@ -468,7 +475,9 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await server.client.start()
+        server.loop_lag.start()
         yield
+        await server.loop_lag.stop()
         await server.client.close()
 
     app = FastAPI(title="stepscope", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -45,6 +45,9 @@ ITL_COUNT = "stepscope.itl.count"
 KV_TRANSFER_S = "stepscope.latency.kv_transfer_s"
 RPC_DELAY_MEAN_S = "stepscope.rpc.delay_mean_s"  # core produced a token -> front end received it (mean)
 RPC_DELAY_MAX_S = "stepscope.rpc.delay_max_s"  # the same, the longest of the request
+FRONTEND_S = "stepscope.latency.frontend_s"  # HTTP receipt -> handed to the core's queue (parse, tokenize)
+FRONTEND_LOOP_LAG_S = "stepscope.frontend.loop_lag_s"  # the front end's event-loop lag, worst while it ran
+SAMPLING_WEIGHT = "stepscope.sampling.weight"  # requests this kept span stands for (1 / head ratio, or 1)
 
 # --- phase span attributes ---------------------------------------------------------------------
 CHUNK_INDEX = "stepscope.prefill.chunk_index"
@@ -73,6 +76,7 @@ STEP_CHUNKED_PREFILL = "stepscope.step.chunked_prefill"
 STEP_MAX_NUM_SEQS = "stepscope.step.max_num_seqs"
 STEP_GAP_S = "stepscope.step.gap_s"  # idle time between the previous step's end and this step's start
 STEP_BYTES_READ = "stepscope.step.bytes_read"
+STEP_CPU_S = "stepscope.step.cpu_s"  # CPU time of the stepping thread over the step (thread_time_ns)
 LINK_TOKENS = "stepscope.link.tokens"  # on each engine.step -> llm_request link
 
 # --- resource attributes -----------------------------------------------------------------------
@@ -107,7 +111,15 @@ GPU_MEMORY_TOTAL_BYTES = "memory_total_bytes"
 GPU_POWER_W = "power_w"
 GPU_SM_CLOCK_MHZ = "sm_clock_mhz"
 GPU_TEMPERATURE_C = "temperature_c"
-HOST_CPU_UTILIZATION = "stepscope.host.cpu_utilization"  # ratio, all cores, where NVML is absent
+HOST_CPU_UTILIZATION = "stepscope.host.cpu_utilization"  # ratio, all cores
+HOST_CPU_STEAL = "stepscope.host.cpu_steal"  # ratio of all cores' time stolen by the hypervisor
+HOST_LOAD_1M = "stepscope.host.load_1m"  # 1-minute load average (runnable + uninterruptible tasks)
+HOST_PROCS_RUNNING = "stepscope.host.procs_running"  # runnable tasks now (/proc/stat)
+HOST_CPUS = "stepscope.host.cpus"  # cores this process may run on
+HOST_ENGINE_CPU_SHARE = "stepscope.host.engine_cpu_share"  # cores' worth of CPU the engine core process used
+GPU_CLOCKS_EVENT_REASONS = "clocks_event_reasons"  # NVML bitmask: why clocks are held down (0: none)
+GPU_SM_CLOCK_MAX_MHZ = "sm_clock_max_mhz"
+GPU_PROCESSES = "processes"  # compute processes on the GPU (others than the engine: contention)
 GPU_INDEX = "stepscope.gpu.index"  # attribute of the GPU gauges
 
 # --- metrics (name, unit) ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import marshal
+import os
 import select
 import signal
 import socket
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     try:
         telemetry = Telemetry.open(TelemetryConfig(**json.loads(args.config)), process="core")
-        exporter = Exporter(telemetry, GpuSampler())
+        exporter = Exporter(telemetry, GpuSampler(pid=os.getppid()))  # the core spawned us
     except Exception as e:
         reason = str(e) if isinstance(e, TelemetryError) else f"{type(e).__name__}: {e}"
         sock.send(marshal.dumps(("error", reason)))

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +40,11 @@ def _nvml_reader(nvml: Any) -> Callable[[], dict[str, float]]:
             (A.GPU_POWER_W, lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000),  # NVML reports mW
             (A.GPU_SM_CLOCK_MHZ, lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
             (A.GPU_TEMPERATURE_C, lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            (A.GPU_SM_CLOCK_MAX_MHZ, lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM)),
+            (A.GPU_CLOCKS_EVENT_REASONS, lambda: _clock_event_reasons(nvml, h)),
+            (A.GPU_PROCESSES, lambda: len(nvml.nvmlDeviceGetComputeRunningProcesses(h))),
         ):
-            with contextlib.suppress(nvml.NVMLError):  # not supported on this device: leave it out
+            with contextlib.suppress(nvml.NVMLError, AttributeError):  # unsupported here: leave it out
                 out[name] = float(get())
         return out
 
@@ -54,44 +58,102 @@ def _nvml_reader(nvml: Any) -> Callable[[], dict[str, float]]:
     return read
 
 
+def _clock_event_reasons(nvml: Any, h: Any) -> int:
+    """Why the clocks are held down (NVML's bitmask; the idle bit masked off: idling is not throttling)."""
+    get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+    )
+    return int(get(h)) & ~0x1
+
+
 class HostCpu:
-    """Host CPU utilization (all cores, 0..1) between two reads of /proc/stat."""
+    """Host counters between two reads of /proc: CPU utilization and steal (all cores, 0..1), the load
+    average, runnable tasks, and, given the engine core's `pid`, the cores' worth of CPU it used. What a
+    noisy neighbour looks like from inside: load and runnable tasks above the cores, the engine's share
+    of a core down while its steps take longer."""
 
-    def __init__(self, path: str = "/proc/stat") -> None:
-        self.path = path
+    def __init__(self, path: str = "/proc/stat", pid: int | None = None) -> None:
+        self.path, self.pid = path, pid
+        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.last = self._times()
+        self.last_proc = (time.monotonic(), self._proc_ticks())
 
-    def _times(self) -> tuple[int, int]:
+    def _times(self) -> tuple[int, int, int]:
         with open(self.path) as f:
             fields = [int(x) for x in f.readline().split()[1:]]
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields), idle
+        steal = fields[7] if len(fields) > 7 else 0
+        return sum(fields), idle, steal
+
+    def _proc_ticks(self) -> int | None:
+        if self.pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+        except (OSError, IndexError, ValueError):
+            return None
 
     def read(self) -> dict[str, float]:
-        total, idle = self._times()
-        d_total, d_idle = total - self.last[0], idle - self.last[1]
-        self.last = (total, idle)
-        return {A.HOST_CPU_UTILIZATION: 1 - d_idle / d_total if d_total > 0 else 0.0}
+        total, idle, steal = self._times()
+        d_total, d_idle, d_steal = total - self.last[0], idle - self.last[1], steal - self.last[2]
+        self.last = (total, idle, steal)
+        out = {
+            A.HOST_CPU_UTILIZATION: 1 - d_idle / d_total if d_total > 0 else 0.0,
+            A.HOST_CPU_STEAL: d_steal / d_total if d_total > 0 else 0.0,
+            A.HOST_LOAD_1M: os.getloadavg()[0],
+            A.HOST_CPUS: float(self.cpus),
+        }
+        running = _procs_running(self.path)
+        if running is not None:
+            out[A.HOST_PROCS_RUNNING] = float(running)
+        now, ticks = time.monotonic(), self._proc_ticks()
+        then, before = self.last_proc
+        self.last_proc = (now, ticks)
+        if ticks is not None and before is not None and now > then:
+            out[A.HOST_ENGINE_CPU_SHARE] = (ticks - before) / os.sysconf("SC_CLK_TCK") / (now - then)
+        return out
+
+
+def _procs_running(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class GpuSampler:
     """Samples every `interval_s` on a daemon thread. `nvml`: the pynvml module (default) or a
-    stand-in with the same functions; without a usable NVML (or with `STEPSCOPE_NVML=0` and no
-    `nvml` given) it says so once and samples the host CPU."""
+    stand-in with the same functions; without a usable NVML (or with `STEPSCOPE_NVML=0` and no `nvml`
+    given) it says so once and samples the host only. Host counters (`HostCpu`, with the engine core's
+    `pid`) are sampled either way."""
 
-    def __init__(self, nvml: Any = None, interval_s: float = 1.0, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        nvml: Any = None,
+        interval_s: float = 1.0,
+        log: Callable[[str], None] | None = None,
+        pid: int | None = None,
+    ):
         self.interval_s = interval_s
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.source = "nvml"
+        host = HostCpu(pid=pid)
         try:
             if nvml is None:
                 if os.environ.get(NVML_ENV) == "0":
                     raise RuntimeError(f"turned off by {NVML_ENV}=0")
                 import pynvml as nvml
-            self._read = _nvml_reader(nvml)
+            gpus = _nvml_reader(nvml)
+            self._read = lambda: gpus() | host.read()
         except Exception as e:  # no driver, no library, no GPU: the usual case on a CPU machine
             self.source = "host"
-            self._read = HostCpu().read
+            self._read = host.read
             self.log(f"stepscope telemetry: NVML not available ({e}); sampling host CPU utilization instead")
         self.latest: dict[str, float] = {}
         self._fresh = False

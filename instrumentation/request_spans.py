@@ -58,6 +58,8 @@ class RequestTrace:
     itl_count: int = 0
     finished: bool = False
     kv_transfer_ns: int = 0  # disaggregated: prefill's first token -> decode worker's commit (docs/disagg.md)
+    handoff_ns: int = 0  # the front end handed the request to the core's queue (0: not yet)
+    loop_lag_s: float | None = None  # the front end's worst event-loop lag while the request was open
 
     def observe(self, out: object) -> None:
         """Take what a `RequestOutput` says; the inter-token gaps are those of the core's clock."""
@@ -100,6 +102,7 @@ class RequestTracer:
             explicit_bucket_boundaries_advisory=A.TTFT_BUCKETS_S,
         )  # fmt: skip
         self._failed = False
+        self.head_ratio = head_ratio(self.head_sampler)
         self.tokens = meter.create_counter(A.METRIC_TOKENS, "{token}", "tokens by gen_ai.token.type")
 
     def start(
@@ -189,7 +192,15 @@ class RequestTracer:
         if rt.itl_count:
             attrs[A.TPOT_MEAN_S] = (rt.last_token_ns - rt.first_token_ns) / 1e9 / rt.itl_count
             attrs[A.TPOT_MAX_S] = rt.itl_max_ns / 1e9
+        if rt.handoff_ns:
+            attrs[A.FRONTEND_S] = max(rt.handoff_ns - rt.arrival_ns, 0) / 1e9
+        if rt.loop_lag_s is not None:
+            attrs[A.FRONTEND_LOOP_LAG_S] = rt.loop_lag_s
         reason = "head" if rt.head_sampled else None
+        # Slow and failed requests are all kept; the rest only when head-sampled: each kept fast one
+        # stands for 1 / ratio requests, each slow or failed one for itself.
+        kept_anyway = error is not None or lat["e2e"] > self.config.slow_request_s
+        attrs[A.SAMPLING_WEIGHT] = 1.0 if kept_anyway else 1.0 / self.head_ratio
         if error is not None:
             attrs[A.ERROR_TYPE] = "abort" if finish_reason in (None, "abort") else "error"
             span.set_status(Status(StatusCode.ERROR, error))
@@ -236,6 +247,15 @@ class RequestTracer:
             A.METRIC_PREEMPTIONS, [gauge(lambda s: s.preemptions_total)], "{preemption}"
         )
         self.telemetry.extra_dropped["events"] = lambda: stats().events_dropped
+
+
+def head_ratio(sampler: Sampler) -> float:
+    """The share of root requests the head sampler keeps (1.0 when it is not a ratio sampler)."""
+    for candidate in (sampler, getattr(sampler, "_root", None)):
+        rate = getattr(candidate, "rate", None)
+        if isinstance(rate, int | float) and 0 < rate <= 1:
+            return float(rate)
+    return 1.0
 
 
 def prefix_key(prompt_ids: list[int], block_size: int, cache_salt: str = "") -> str:

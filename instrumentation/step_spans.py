@@ -239,6 +239,8 @@ class StepTracer:
             A.STEP_BYTES_READ: ev.bytes_read,
             A.STEP_SAMPLED_EVERY: self.config.steps_every,
         }
+        if ev.cpu_ns:
+            attrs[A.STEP_CPU_S] = ev.cpu_ns / 1e9
         if self.gpu is not None:
             counters = self.gpu()
             if counters:

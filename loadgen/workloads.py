@@ -15,7 +15,8 @@ Kinds:
 - a JSONL file: one request per line, `prompt` or `messages`, `max_tokens`, optional arrival `timestamp`.
 
 Shifts (`WorkloadShift`) reproduce the workload changes of fault scenarios from a given second on: prompt
-lengths times K, arrival rate times K, and a changed prompt prefix for a fraction of requests.
+lengths times K, answer lengths times K, arrival rate times K, and a changed prompt prefix for a fraction of
+requests.
 """
 
 from __future__ import annotations
@@ -35,19 +36,21 @@ _CHANGED_PREFIX_CHARS = 64  # more than a few KV blocks of a byte tokenizer: a c
 
 @dataclass(frozen=True, slots=True)
 class WorkloadShift:
-    """From `start_s` on: prompts `prompt_len_factor` times longer, arrivals `rate_factor` times faster
-    (concurrency times K in closed-loop runs), and `prefix_change_fraction` of requests with a changed
-    prompt prefix (so they miss the prefix cache). The latest shift that has started is in force."""
+    """From `start_s` on: prompts `prompt_len_factor` times longer, answers `output_len_factor` times
+    longer (max_tokens times K), arrivals `rate_factor` times faster (concurrency times K in closed-loop
+    runs), and `prefix_change_fraction` of requests with a changed prompt prefix (so they miss the prefix
+    cache). The latest shift that has started is in force."""
 
     start_s: float
     prompt_len_factor: float = 1.0
     rate_factor: float = 1.0
     prefix_change_fraction: float = 0.0
+    output_len_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.start_s < 0:
             raise ValueError(f"shift start_s must be >= 0, got {self.start_s}")
-        if self.prompt_len_factor <= 0 or self.rate_factor <= 0:
+        if self.prompt_len_factor <= 0 or self.rate_factor <= 0 or self.output_len_factor <= 0:
             raise ValueError("shift factors must be > 0")
         if not 0.0 <= self.prefix_change_fraction <= 1.0:
             raise ValueError("prefix_change_fraction must be in [0, 1]")
@@ -213,6 +216,8 @@ class Workload:
         # a separate stream, so that turning the shift on changes no other draw
         if np.random.default_rng([self.config.seed, index, 1]).random() < shift.prefix_change_fraction:
             self._change_prefix(spec, self._rng(index, 2))
+        if shift.output_len_factor != 1.0:
+            spec.max_tokens = max(1, round(spec.max_tokens * shift.output_len_factor))
         return spec
 
     # --- kinds -------------------------------------------------------------------------------------
