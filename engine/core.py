@@ -169,10 +169,8 @@ class EngineCore:
         before = {seq: seq.num_computed_tokens for seq, _ in sched.scheduled} if self.record_events else None
         outputs = self.scheduler.update_from_output(sched, result.sampled, end_ns)
         if self.record_events:
-            cpu_ns = time.thread_time_ns() - cpu_start_ns
-            self._record_step(
-                sched, result.sampled, before, start_ns, schedule_end_ns, result.forward_end_ns, end_ns, cpu_ns
-            )
+            times = (start_ns, schedule_end_ns, result.forward_end_ns, end_ns)
+            self._record_step(sched, result.sampled, before, *times, time.thread_time_ns() - cpu_start_ns)
         self._prev_end_ns = end_ns
         self.step_id += 1
         return outputs

@@ -60,9 +60,8 @@ def _nvml_reader(nvml: Any) -> Callable[[], dict[str, float]]:
 
 def _clock_event_reasons(nvml: Any, h: Any) -> int:
     """Why the clocks are held down (NVML's bitmask; the idle bit masked off: idling is not throttling)."""
-    get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-    )
+    get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    get = get or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     return int(get(h)) & ~0x1
 
 
