@@ -17,7 +17,7 @@ import numpy as np
 from collector.store import QueryResult
 
 SHAPE_KEYS = ("batch_size", "has_prefill", "has_decode")
-SHAPE_SUMS = ("steps", "duration_sum", "gap_sum", "bytes_sum")
+SHAPE_SUMS = ("steps", "duration_sum", "gap_sum", "bytes_sum", "cpu_sum", "cpu_wall_sum")
 COLUMNS = (
     *SHAPE_KEYS,
     "weight_dtype",
@@ -31,6 +31,8 @@ COLUMNS = (
     "max_num_seqs_sum",
     "max_num_seqs_max",
     "waiting_sum",
+    "load_sum",
+    "load_n",
 )
 
 
@@ -80,6 +82,9 @@ class StepFrame:
                 "kv_blocks_total_mean": total(c["kv_blocks_total_sum"]) / n,
                 "max_num_seqs": total(c["max_num_seqs_sum"]) / n,
                 "waiting_mean": total(c["waiting_sum"]) / n,
+                # the stepping thread's CPU time over its wall time: falls when it waits for a core
+                "cpu_share": total(c["cpu_sum"]) / total(c["cpu_wall_sum"]),
+                "host_load_1m": total(c["load_sum"]) / total(c["load_n"]),
             }
         empty = n == 0
         for v in out.values():
@@ -120,6 +125,9 @@ class StepFrame:
             "weight_dtype_top": str(dtypes[np.bincount(inverse, weights=c["steps"]).argmax()]),
             "max_num_seqs_mean": float(c["max_num_seqs_sum"].sum()) / n,
             "max_num_seqs_max": float(c["max_num_seqs_max"].max()),
+            "cpu_share": float(c["cpu_sum"].sum()) / cpu_wall
+            if (cpu_wall := float(c["cpu_wall_sum"].sum()))
+            else np.nan,
         }
 
     def shape(self, rows: np.ndarray, side: int) -> list[dict[str, float]]:

@@ -37,6 +37,7 @@ WHERE {_SPAN}
 REQUEST_SERIES = f"""
 SELECT {_BUCKET},
        count() AS requests,
+       sum(sample_weight) AS arrivals,
        avg(ttft_s) AS ttft_mean,
        {QUANTILE}(0.9)(ttft_s) AS ttft_p90,
        avg(tpot_s) AS tpot_mean,
@@ -50,14 +51,18 @@ SELECT {_BUCKET},
        uniq(prefix_key) / count() AS prefix_keys_per_request,
        avg(rpc_delay_s) AS rpc_delay_mean,
        avg(is_error) AS error_rate,
-       sum(output_tokens) AS output_tokens
+       sum(output_tokens * sample_weight) AS output_tokens,
+       avg(output_tokens) AS output_mean,
+       avg(frontend_s) AS frontend_mean,
+       avg(loop_lag_s) AS loop_lag_mean
 FROM requests
 WHERE {_SPAN}
 GROUP BY bucket
 ORDER BY bucket
 """
 
-# The step frame (diagnosis/frame.py): one pass over `steps`, grouped by a key (the interval, or the side)
+# The step frame (diagnosis/frame.py): one pass over `steps`, each step counted `sample_every` times (1-in-N
+# step sampling keeps one step of N: counts, busy time and preemptions are scaled back up), grouped by a key (the interval, or the side)
 # and the step's shape, as sums; series, side aggregates and the shape table are sums over its groups. The
 # group key is packed into one UInt64 (key << 40 | batch_size << 2 | has_prefill << 1 | has_decode): one
 # fixed-size hash key is the cheapest GROUP BY, and the frame is the costliest query of a diagnosis. The
@@ -81,24 +86,33 @@ SELECT intDiv(shape, 1099511627776) AS key,
        groupArray(chunked_sum) AS chunked_sum,
        groupArray(max_num_seqs_sum) AS max_num_seqs_sum,
        groupArray(max_num_seqs_max) AS max_num_seqs_max,
-       groupArray(waiting_sum) AS waiting_sum
+       groupArray(waiting_sum) AS waiting_sum,
+       groupArray(cpu_sum) AS cpu_sum,
+       groupArray(cpu_wall_sum) AS cpu_wall_sum,
+       groupArray(load_sum) AS load_sum,
+       groupArray(load_n) AS load_n
 FROM (
     SELECT toUInt64({key}) * 1099511627776 + batch_size * 4 + (prefill_tokens > 0) * 2 + (decode_tokens > 0)
                AS shape,
            anyHeavy(weight_dtype) AS weight_dtype,
-           count() AS steps,
-           sum(duration_s) AS duration_sum,
-           sum(gap_s) AS gap_sum,
-           sum(bytes_read) AS bytes_sum,
+           sum(sample_every) AS steps,
+           sum(duration_s * sample_every) AS duration_sum,
+           sum(gap_s * sample_every) AS gap_sum,
+           sum(bytes_read * sample_every) AS bytes_sum,
            max(prefill_tokens) AS prefill_max,
-           sum(preemptions) AS preemptions,
-           sumIf(kv_blocks_used / kv_blocks_total, kv_blocks_total > 0) AS kv_usage_sum,
-           countIf(kv_blocks_total > 0) AS kv_usage_n,
-           sum(kv_blocks_total) AS kv_blocks_total_sum,
-           sum(chunked_prefill) AS chunked_sum,
-           sum(max_num_seqs) AS max_num_seqs_sum,
+           sum(preemptions * sample_every) AS preemptions,
+           sumIf(kv_blocks_used / kv_blocks_total * sample_every, kv_blocks_total > 0) AS kv_usage_sum,
+           sumIf(sample_every, kv_blocks_total > 0) AS kv_usage_n,
+           sum(kv_blocks_total * sample_every) AS kv_blocks_total_sum,
+           sum(chunked_prefill * sample_every) AS chunked_sum,
+           sum(max_num_seqs * sample_every) AS max_num_seqs_sum,
            max(max_num_seqs) AS max_num_seqs_max,
-           sum(num_waiting) AS waiting_sum
+           sum(num_waiting * sample_every) AS waiting_sum,
+           sum(ifNull(cpu_s, 0) * sample_every) AS cpu_sum,
+           sumIf(duration_s * sample_every, isNotNull(cpu_s)) AS cpu_wall_sum,
+           sumIf(counters['stepscope.host.load_1m'], mapContains(counters, 'stepscope.host.load_1m'))
+               AS load_sum,
+           countIf(mapContains(counters, 'stepscope.host.load_1m')) AS load_n
     FROM steps
     WHERE {where}
     GROUP BY shape
@@ -113,14 +127,38 @@ STEP_FRAME_BY_SIDE = _STEP_FRAME.replace("{key}", _SIDE.removesuffix(" AS side")
     "{where}", _SIDES_WHERE
 )
 
-# What the frame cannot sum: quantiles and distinct instances, per side.
+
+# Host and GPU counters joined to the steps (each sampled about once a second, on the next step): means per
+# side; the GPU's SM clock as a share of its maximum, its clock-event (throttle) reasons as a bitmask OR.
+def _counter(key: str, name: str) -> str:
+    return f"avgIf(counters['{key}'], mapContains(counters, '{key}')) AS {name}"
+
+
+_HOST_COUNTERS = ",\n       ".join(
+    [
+        _counter("stepscope.host.load_1m", "host_load_1m"),
+        _counter("stepscope.host.procs_running", "host_procs_running"),
+        _counter("stepscope.host.cpu_steal", "host_cpu_steal"),
+        _counter("stepscope.host.engine_cpu_share", "host_engine_cpu_share"),
+        _counter("stepscope.host.cpus", "host_cpus"),
+        _counter("stepscope.gpu.0.processes", "gpu_processes"),
+        "avgIf(counters['stepscope.gpu.0.sm_clock_mhz'] / counters['stepscope.gpu.0.sm_clock_max_mhz'], "
+        "counters['stepscope.gpu.0.sm_clock_max_mhz'] > 0) AS gpu_sm_clock_ratio",
+        "if(countIf(mapContains(counters, 'stepscope.gpu.0.clocks_event_reasons')) > 0, "
+        "groupBitOrIf(toUInt64(counters['stepscope.gpu.0.clocks_event_reasons']), "
+        "mapContains(counters, 'stepscope.gpu.0.clocks_event_reasons')), NULL) AS gpu_clocks_event_reasons",
+    ]
+)
+
+# What the frame cannot sum: quantiles, distinct instances and the counters, per side.
 STEP_SIDE_QUANTILES = f"""
 SELECT {_SIDE},
        uniq(instance) AS instances,
        {QUANTILE_IF}(0.99)(gap_s, decode_tokens > 0) AS work_gap_p99,
        {QUANTILE}(0.5)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p50,
        {QUANTILE}(0.9)(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_usage_p90,
-       {QUANTILE_IF}(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99
+       {QUANTILE_IF}(0.99)(prefill_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_prefill_p99,
+       {_HOST_COUNTERS}
 FROM steps
 WHERE {_SIDES_WHERE}
 GROUP BY side
@@ -182,7 +220,9 @@ ORDER BY side
 REQUEST_SIDES = f"""
 SELECT {_SIDE},
        count() AS requests,
+       sum(sample_weight) AS arrivals,
        sum(is_error) AS errors,
+       sum(is_error * sample_weight) AS errors_weighted,
        toUnixTimestamp64Nano(min(time)) / 1e9 AS first_s,
        toUnixTimestamp64Nano(max(time)) / 1e9 AS last_s,
        count(ttft_s) AS with_ttft,
@@ -212,7 +252,10 @@ SELECT {_SIDE},
        {QUANTILE}(0.9)(input_tokens) AS input_p90,
        avg(input_tokens - cached_tokens) AS uncached_mean,
        avg(output_tokens) AS output_mean,
-       sum(output_tokens) AS output_tokens_sum,
+       sum(output_tokens * sample_weight) AS output_tokens_sum,
+       count(frontend_s) AS with_frontend,
+       avg(frontend_s) AS frontend_mean,
+       avg(loop_lag_s) AS loop_lag_mean,
        sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
        uniq(prefix_key) / nullIf(countIf(prefix_key != ''), 0) AS prefix_keys_per_request,
        avg(preemptions) AS preemptions_per_request,

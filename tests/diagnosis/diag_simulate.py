@@ -68,6 +68,20 @@ class SimConfig:
     rpc_encode_per_seq_s: float = 0.00005
     rpc_factor: float = 1.0
     kv_transfer_per_token_s: float = 0.0
+    # compute: the stepping thread computes `cpu_share` of a step's wall time; `cpu_wait_factor` > 1 makes
+    # it wait for a core that much longer (a noisy neighbour), `clock_factor` > 1 makes the work itself
+    # slower (clocks held down); `host_load` is the load average the host counters report
+    cpu_share: float = 0.9
+    cpu_wait_factor: float = 1.0
+    clock_factor: float = 1.0
+    host_load: float = 1.5
+    # the front end: CPU seconds per request on its event loop before the request reaches the core
+    frontend_cpu_s: float = 0.0008
+    # sampling: 1-in-N steps recorded; requests head-sampled at `head_ratio`, slower ones than
+    # `slow_request_s` kept anyway (weight 1), the others standing for 1 / head_ratio each
+    steps_every: int = 1
+    head_ratio: float = 1.0
+    slow_request_s: float = 5.0
     # noise
     jitter: float = 0.12
     hiccup_prob: float = 0.004
@@ -94,6 +108,8 @@ class Seq:
     preemptions: int = 0
     kv_transfer: float = 0.0
     rpc: list[float] = field(default_factory=list)
+    frontend: float = 0.0
+    loop_lag: float = 0.0
 
 
 class Simulator:
@@ -107,12 +123,21 @@ class Simulator:
         self.steps: list[dict[str, Any]] = []
         self.cache: set[str] = set()
         self.next_rid = 0
+        self.loop_free_at = 0.0  # when the front end's event loop is next free
 
     def cfg(self, t: float) -> SimConfig:
         fault_at = self.base.fault_at_s
         return self.after if fault_at is not None and t >= fault_at else self.base
 
     # --- workload -----------------------------------------------------------------------------------
+    def through_frontend(self, arrival: float) -> tuple[float, float]:
+        """(time the request reaches the core's queue, loop lag it met): the front end's loop serves
+        requests one at a time, `frontend_cpu_s` each."""
+        c = self.cfg(arrival)
+        start = max(arrival, self.loop_free_at)
+        self.loop_free_at = start + c.frontend_cpu_s * self.rng.lognormal(0, 0.2)
+        return self.loop_free_at, start - arrival
+
     def new_seq(self, t: float) -> Seq:
         c, rng = self.cfg(t), self.rng
         rid, self.next_rid = self.next_rid, self.next_rid + 1
@@ -140,17 +165,21 @@ class Simulator:
     # --- engine -------------------------------------------------------------------------------------
     def run(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         base, rng = self.base, self.rng
-        pending = sorted(rng.uniform(0, 0.5, base.clients)) if base.clients else self.arrivals()
+        arrivals = sorted(rng.uniform(0, 0.5, base.clients)) if base.clients else self.arrivals()
+        pending = [self.through_frontend(a)[0:1] + (a,) for a in arrivals]  # (at the core, arrival)
         waiting: deque[Seq] = deque()
         running: list[Seq] = []
         t, prev_end, step_id, contended_until = 0.0, 0.0, 0, -1.0
         while t < base.duration_s:
-            while pending and pending[0] <= t:
-                waiting.append(self.new_seq(heapq.heappop(pending)))
+            while pending and pending[0][0] <= t:
+                at_core, arrival = heapq.heappop(pending)
+                seq = self.new_seq(arrival)
+                seq.frontend = at_core - arrival
+                waiting.append(seq)
             if not running and not waiting:
                 if not pending:
                     break
-                t = pending[0]
+                t = pending[0][0]
                 continue
             c = self.cfg(t)
             if t > contended_until and rng.random() < c.contention_prob * 0.02:
@@ -166,8 +195,10 @@ class Simulator:
             if c.stall_ms and rng.random() < c.stall_prob:
                 gap += rng.uniform(0.5, 1.0) * c.stall_ms / 1000
             gap *= slow
-            dur = c.step_base_s + c.per_seq_s * decode + c.per_prefill_token_s * prefill
-            dur *= WEIGHT_SPEED[c.weight_dtype] * slow * rng.lognormal(0, c.jitter)
+            work = c.step_base_s + c.per_seq_s * decode + c.per_prefill_token_s * prefill
+            work *= WEIGHT_SPEED[c.weight_dtype] * c.clock_factor * rng.lognormal(0, c.jitter)
+            cpu = work * c.cpu_share
+            dur = work * slow * c.cpu_wait_factor
             if rng.random() < c.hiccup_prob:
                 dur += rng.uniform(0.01, 0.06)
             start = t + gap
@@ -193,6 +224,8 @@ class Simulator:
                     "gap": start - prev_end if step_id else gap,
                     "bytes_read": WEIGHT_BYTES[c.weight_dtype] + 4096 * context,
                     "weight_dtype": c.weight_dtype,
+                    "cpu": cpu,
+                    "load": c.host_load * c.cpu_wait_factor * rng.lognormal(0, 0.1),
                 }
             )
             step_id += 1
@@ -280,7 +313,8 @@ class Simulator:
                 running.remove(s)
                 self.finish(s)
                 if self.base.clients:
-                    heapq.heappush(pending, end + rng.exponential(0.05))
+                    arrival = end + rng.exponential(0.05)
+                    heapq.heappush(pending, (self.through_frontend(arrival)[0], arrival))
 
     def finish(self, s: Seq) -> None:
         rpc_first, rpc_last = s.rpc[0], s.rpc[-1]
@@ -303,6 +337,7 @@ class Simulator:
                 "itl_count": len(s.itl),
                 "rpc_mean": float(np.mean(s.rpc)),
                 "rpc_max": float(np.max(s.rpc)),
+                "frontend": s.frontend,
             }
         )
 
@@ -355,7 +390,12 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
         cols["Duration"].append(max(0, int(dur * 1e9)))
         cols["StatusCode"].append("STATUS_CODE_UNSET")
 
+    keep = np.random.default_rng([cfg.seed, 11])
     for i, r in enumerate(requests):
+        slow = r["e2e"] > cfg.slow_request_s
+        head = keep.random() < cfg.head_ratio
+        if not (head or slow):
+            continue  # not head-sampled and not slow: the front end drops its span
         a = {
             "gen_ai.request.id": f"req-{cfg.seed}-{i}",
             "gen_ai.latency.time_to_first_token": _attr(r["ttft"]),
@@ -380,6 +420,10 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
                 "stepscope.itl.count": str(r["itl_count"]),
                 "stepscope.rpc.delay_mean_s": _attr(r["rpc_mean"]),
                 "stepscope.rpc.delay_max_s": _attr(r["rpc_max"]),
+                "stepscope.latency.frontend_s": _attr(r["frontend"]),
+                "stepscope.frontend.loop_lag_s": _attr(max(r["frontend"] - cfg.frontend_cpu_s, 0.0)),
+                "stepscope.sampling.reason": "head" if head else "slow",
+                "stepscope.sampling.weight": _attr(1.0 if slow else 1.0 / cfg.head_ratio),
             }
             if r["itl_mean"] is not None:
                 a |= {
@@ -392,6 +436,8 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
     if cfg.vllm:
         return cols, steps
     for s in steps:
+        if s["id"] % cfg.steps_every:
+            continue  # 1-in-N step sampling
         a = {
             f"stepscope.step.{k}": str(s[k])
             for k in (
@@ -415,7 +461,11 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
             "stepscope.step.chunked_prefill": "true" if s["chunked"] else "false",
             "stepscope.step.gap_s": _attr(s["gap"]),
             "stepscope.step.kv_dtype": "fp32",
+            "stepscope.step.cpu_s": _attr(s["cpu"]),
+            "stepscope.step.sampled_every": str(cfg.steps_every),
         }
+        if s["id"] % 50 == 0:  # host counters ride on about one step a second
+            a["stepscope.host.load_1m"] = _attr(s["load"])
         add("engine.step", "SPAN_KIND_INTERNAL", s["start"], s["dur"], a)
     return cols, steps
 
