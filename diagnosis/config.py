@@ -52,6 +52,11 @@ class DiagnosisConfig:
     # The change point keeps at least this share of the window on each side (a split at the edge compares
     # a handful of intervals with everything else).
     min_segment_share: float = 0.2
+    # A finding's onset is the change point of its own evidence series, searched this far either side of
+    # the split (a share of the analysed span, and at least so many seconds): near enough that a drift
+    # elsewhere in the window cannot pull it away, wide enough for a change point a few intervals off.
+    onset_search_share: float = 0.15
+    onset_search_s: float = 10.0
 
     # --- attribution -------------------------------------------------------------------------------
     # A cause whose part explains less than this share of its symptom's change is not credible.
@@ -104,6 +109,22 @@ class DiagnosisConfig:
     # KV transfer: its share of TTFT up by 10 points and transfer seconds per prompt token up by half.
     kv_transfer_share_increase: float = 0.10
     kv_transfer_per_token_ratio: float = 1.5
+    # Compute slowdown: of the growth of wall time per step at equal batch size, the share that is CPU
+    # time of the stepping thread. Under contention the thread waits (CPU flat: share ~0); slower compute
+    # grows CPU with the wall (share ~1). Halfway tells them apart.
+    cpu_growth_share: float = 0.5
+    # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention.
+    host_overload_per_cpu: float = 1.5
+    # Long outputs: output tokens per request up by half (healthy halves: mean within ~10%).
+    long_output_ratio: float = 1.5
+    # Batch limit lowered: the current batch's mean at 70% of the new cap or more (it binds).
+    batch_at_cap_share: float = 0.7
+    # Front end: its part of TTFT up by half and by 5 ms (parsing and tokenizing a chat prompt: ~1 ms).
+    frontend_ratio: float = 1.5
+    min_frontend_increase_s: float = 0.005
+    # Request-only traces (no steps to show a busy loop): overload also needs the queue's share of
+    # TTFT itself up by this much (absolute), not only more arrivals.
+    queue_share_increase: float = 0.1
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:

@@ -162,7 +162,21 @@ def step_period(facts: Facts) -> dict[str, Any]:
         "equal_batch_ratio": fc(mean_batch_c) / fb(mean_batch_c) if fb(mean_batch_c) > 0 else math.nan,
         "speed_lines": {"baseline": [ab, kb], "current": [ac, kc]},
         "bytes_ratio_equal_batch": _bytes_ratio(facts),
+        "cpu_ratio_equal_batch": _cpu_ratio(facts),
     }
+
+
+def _cpu_ratio(facts: Facts) -> float:
+    """The stepping thread's CPU time per pure decode step (over the steps that recorded it), current over
+    baseline, at the batch sizes both sides ran, weighted by the current side's steps."""
+    per: list[dict[float, tuple[float, float]]] = [{}, {}]
+    for r in facts.shape:
+        if r["has_decode"] and not r["has_prefill"] and r.get("cpu_n", 0) > 0:
+            per[int(r["side"])][r["batch_size"]] = (r["cpu_sum"] / r["cpu_n"], r["cpu_n"])
+    common = set(per[0]) & set(per[1])
+    num = sum(per[1][k][0] * per[1][k][1] for k in common)
+    den = sum(per[0][k][0] * per[1][k][1] for k in common)
+    return num / den if den > 0 else math.nan
 
 
 def _bytes_ratio(facts: Facts) -> float:

@@ -130,15 +130,21 @@ class Facts:
         return self.step_current(key) / base if base > 0 else default
 
     def onset(self, name: str, fallback: float | None = None) -> float | None:
-        """Unix seconds of the change point of series `name` near the compared windows, else `fallback`
-        (the start of the current window by default)."""
-        fallback = self.window.start if fallback is None else fallback
-        x = self.series.get(name)
-        lo = self.series.index_of(min(self.baseline.start, self.window.start))
-        hi = self.series.index_of(self.window.end) + 1
-        seg = x[lo:hi]
-        min_size = max(2, int(len(seg) * self.config.min_segment_share / 2))
-        k = stats.change_point([seg], min_size)
+        """Unix seconds of the change point of the finding's own evidence series `name`, searched near the
+        split of the compared windows (within `onset_search_share` of the analysed span, at least
+        `onset_search_s`, either side): a series that drifts elsewhere in a long window cannot pull the
+        onset away from the change. `fallback` (the split by default) when the series shows none."""
+        cfg = self.config
+        split = self.window.start
+        fallback = split if fallback is None else fallback
+        span = self.window.end - min(self.baseline.start, self.window.start)
+        reach = max(cfg.onset_search_s, cfg.onset_search_share * span)
+        lo = self.series.index_of(max(split - reach, min(self.baseline.start, self.window.start)))
+        hi = self.series.index_of(min(split + reach, self.window.end)) + 1
+        seg = self.series.get(name)[lo:hi]
+        if np.isfinite(seg).sum() < 6:
+            return fallback
+        k = stats.change_point([seg], max(2, len(seg) // 8))
         return fallback if k is None else self.series.time_of(lo + k)
 
 
@@ -242,8 +248,13 @@ def request_sides(source: Reader, baseline: TimeRange, current: TimeRange) -> tu
         for k, v in list(side.items()):
             side[k] = num(v)
         side.setdefault("requests", 0.0)
+        # Arrivals count each stored request `sample_weight` times: a kept span stands for the requests
+        # head sampling dropped, and slow ones kept anyway count once (so a TTFT regression under
+        # tail-keeping sampling does not read as more arrivals).
+        arrivals = num(side.get("arrivals"))
+        side["arrivals"] = arrivals if math.isfinite(arrivals) else side["requests"]
         side["seconds"] = window.seconds
-        side["rate_rps"] = side["requests"] / window.seconds
+        side["rate_rps"] = side["arrivals"] / window.seconds
         side["output_tokens_per_s"] = num(side.get("output_tokens_sum", 0.0)) / window.seconds
     return b, c
 
@@ -294,6 +305,8 @@ def step_sides(
             side |= {k: num(v) for k, v in quantiles.items()}
         side.setdefault("steps", 0.0)
         side.setdefault("weight_dtype_top", "")
+        cpus = num(side.get("host_cpus"))
+        side["host_load_per_cpu"] = num(side.get("host_load_1m")) / cpus if cpus > 0 else math.nan
         side["seconds"] = window.seconds
     return (b, c), [row for s, mask in enumerate(masks) for row in frame.shape(mask, s)]
 

@@ -17,7 +17,7 @@ import numpy as np
 from collector.store import QueryResult
 
 SHAPE_KEYS = ("batch_size", "has_prefill", "has_decode")
-SHAPE_SUMS = ("steps", "duration_sum", "gap_sum", "bytes_sum", "cpu_sum", "cpu_wall_sum")
+SHAPE_SUMS = ("steps", "duration_sum", "gap_sum", "bytes_sum", "cpu_sum", "cpu_wall_sum", "cpu_n")
 COLUMNS = (
     *SHAPE_KEYS,
     "weight_dtype",
@@ -125,9 +125,7 @@ class StepFrame:
             "weight_dtype_top": str(dtypes[np.bincount(inverse, weights=c["steps"]).argmax()]),
             "max_num_seqs_mean": float(c["max_num_seqs_sum"].sum()) / n,
             "max_num_seqs_max": float(c["max_num_seqs_max"].max()),
-            "cpu_share": float(c["cpu_sum"].sum()) / cpu_wall
-            if (cpu_wall := float(c["cpu_wall_sum"].sum()))
-            else np.nan,
+            "cpu_share": _ratio(float(c["cpu_sum"].sum()), float(c["cpu_wall_sum"].sum())),
         }
 
     def shape(self, rows: np.ndarray, side: int) -> list[dict[str, float]]:
@@ -142,3 +140,7 @@ class StepFrame:
             | {k: float(sums[k][i]) for k in SHAPE_SUMS}
             for i, code in enumerate(codes)
         ]
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else np.nan

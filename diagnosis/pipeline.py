@@ -12,12 +12,12 @@ from collector import histograms
 from collector.client import Reader
 from collector.timerange import TimeRange
 from diagnosis import facts as F
-from diagnosis import stats
+from diagnosis import stats, unexplained
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
 from diagnosis.records import Diagnosis, Finding, NotEnoughData
 from diagnosis.regress import detect, slo, slo_met
-from diagnosis.rules import RULES
+from diagnosis.rules import RULE_CAUSES, RULES
 
 # Series the change point looks at when no baseline is given: symptoms (log scale) and the evidence that
 # usually moves first. A healthy run's split lands anywhere; the regression tests then find nothing.
@@ -31,9 +31,10 @@ _SPLIT_LOG = (
     "rpc_delay_mean",
     "bytes_mean",
     "kv_transfer_mean",
+    "frontend_mean",
 )
 _SPLIT_LINEAR = (
-    "requests",
+    "arrivals",
     "cached_share",
     "input_mean",
     "batch_mean",
@@ -43,6 +44,8 @@ _SPLIT_LINEAR = (
     "max_num_seqs",
     "kv_blocks_total_mean",
     "weight_dtype_is_last",
+    "output_mean",
+    "cpu_share",
 )
 
 
@@ -59,7 +62,7 @@ def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> i
         x = series.get(name)[lo:hi]
         if name in _SPLIT_LOG:
             x = np.log(np.where(x > 0, x, np.nan))
-        elif name == "requests":
+        elif name == "arrivals":
             x = np.nan_to_num(x)  # an interval without a request had zero arrivals
         columns.append(x)
     min_size = max(3, int((hi - lo) * cfg.min_segment_share))
@@ -86,10 +89,16 @@ def diagnose(
     window: TimeRange | None = None,
     baseline: TimeRange | None = None,
     config: DiagnosisConfig | None = None,
+    without_rules: tuple[str, ...] = (),
 ) -> Diagnosis:
     """Diagnose `window` (everything stored when None) against `baseline` (found by a change point inside
-    the window when None). Read-only; a handful of queries, each aggregated in ClickHouse."""
+    the window when None). Read-only; a handful of queries, each aggregated in ClickHouse.
+    `without_rules`: causes whose rules are switched off (what the diagnosis says when a cause is not
+    known to it: `unexplained`, never the closest wrong label). ValueError for an unknown cause."""
     cfg = config or DiagnosisConfig()
+    unknown = sorted(set(without_rules) - set(RULE_CAUSES))
+    if unknown:
+        raise ValueError(f"unknown cause {', '.join(unknown)}; choose from {', '.join(RULE_CAUSES)}")
     found = F.bounds(source, window)
     if not found["requests"]:
         return Diagnosis(window, baseline, notes=("no requests in the window",), data={"requests": 0})
@@ -121,6 +130,8 @@ def diagnose(
     lacking: list[NotEnoughData] = []
     if regressions:
         for rule in RULES:
+            if rule.CAUSE in without_rules:
+                continue
             out = rule.evaluate(facts)
             if isinstance(out, Finding):
                 findings.append(out)
@@ -130,6 +141,7 @@ def diagnose(
     notes = []
     if regressions and not findings:
         notes.append("symptoms regressed but no rule's evidence explains them")
+        findings.append(unexplained.explain(facts))
     return Diagnosis(
         window=current,
         baseline=baseline,

@@ -51,9 +51,10 @@ SELECT {_BUCKET},
        uniq(prefix_key) / count() AS prefix_keys_per_request,
        avg(rpc_delay_s) AS rpc_delay_mean,
        avg(is_error) AS error_rate,
-       sum(output_tokens * sample_weight) AS output_tokens,
+       sum(output_tokens * sample_weight) AS output_tokens_sum,
        avg(output_tokens) AS output_mean,
        avg(frontend_s) AS frontend_mean,
+       quantile(0.1)(frontend_s) AS frontend_p10,
        avg(loop_lag_s) AS loop_lag_mean
 FROM requests
 WHERE {_SPAN}
@@ -62,8 +63,9 @@ ORDER BY bucket
 """
 
 # The step frame (diagnosis/frame.py): one pass over `steps`, each step counted `sample_every` times (1-in-N
-# step sampling keeps one step of N: counts, busy time and preemptions are scaled back up), grouped by a key (the interval, or the side)
-# and the step's shape, as sums; series, side aggregates and the shape table are sums over its groups. The
+# step sampling keeps one step of N: counts, busy time and preemptions are scaled back up), grouped by a key
+# (the interval, or the side) and the step's shape, as sums; series, side aggregates and the shape table are
+# sums over its groups. The
 # group key is packed into one UInt64 (key << 40 | batch_size << 2 | has_prefill << 1 | has_decode): one
 # fixed-size hash key is the cheapest GROUP BY, and the frame is the costliest query of a diagnosis. The
 # weight dtype is each group's heavy hitter. One row per key with each column an array over its groups
@@ -89,6 +91,7 @@ SELECT intDiv(shape, 1099511627776) AS key,
        groupArray(waiting_sum) AS waiting_sum,
        groupArray(cpu_sum) AS cpu_sum,
        groupArray(cpu_wall_sum) AS cpu_wall_sum,
+       groupArray(cpu_n) AS cpu_n,
        groupArray(load_sum) AS load_sum,
        groupArray(load_n) AS load_n
 FROM (
@@ -110,6 +113,7 @@ FROM (
            sum(num_waiting * sample_every) AS waiting_sum,
            sum(ifNull(cpu_s, 0) * sample_every) AS cpu_sum,
            sumIf(duration_s * sample_every, isNotNull(cpu_s)) AS cpu_wall_sum,
+           sumIf(sample_every, isNotNull(cpu_s)) AS cpu_n,
            sumIf(counters['stepscope.host.load_1m'], mapContains(counters, 'stepscope.host.load_1m'))
                AS load_sum,
            countIf(mapContains(counters, 'stepscope.host.load_1m')) AS load_n
@@ -417,6 +421,34 @@ _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
         "requests",
         "avg(kv_transfer_s) AS kv_transfer_mean, avg(ttft_s) AS ttft_mean, "
         "sum(kv_transfer_s) / sum(input_tokens - cached_tokens) AS kv_transfer_s_per_token",
+    ),
+    "compute_slowdown": (
+        "steps",
+        "avg(duration_s) AS step_mean, avg(cpu_s) AS step_cpu_mean, sum(cpu_s) / sumIf(duration_s, "
+        "isNotNull(cpu_s)) AS cpu_share, avg(batch_size) AS batch_mean, "
+        "avgIf(counters['stepscope.host.load_1m'], mapContains(counters, 'stepscope.host.load_1m')) "
+        "AS load_1m",
+    ),
+    "long_outputs": (
+        "requests",
+        "sum(sample_weight) AS arrivals, avg(output_tokens) AS output_mean, avg(decode_s) AS decode_mean, "
+        "avg(e2e_s) AS e2e_mean, avg(input_tokens) AS input_mean",
+    ),
+    "batch_limit_low": (
+        "steps",
+        "avg(max_num_seqs) AS max_num_seqs, avg(batch_size) AS batch_mean, avg(num_waiting) AS waiting_mean, "
+        "avg(kv_blocks_used / kv_blocks_total) AS kv_usage",
+    ),
+    "frontend_bottleneck": (
+        "requests",
+        "sum(sample_weight) AS arrivals, avg(frontend_s) AS frontend_mean, max(loop_lag_s) AS loop_lag_max, "
+        "avg(queue_s) AS queue_mean, avg(ttft_s) AS ttft_mean",
+    ),
+    "unexplained": (
+        "requests",
+        "sum(sample_weight) AS arrivals, avg(ttft_s) AS ttft_mean, avg(tpot_s) AS tpot_mean, "
+        "avg(queue_s) AS queue_mean, avg(prefill_s) AS prefill_mean, avg(input_tokens) AS input_mean, "
+        "avg(output_tokens) AS output_mean",
     ),
 }
 # The same evidence read from scraped engine samples, for findings made without step spans.

@@ -71,7 +71,7 @@ def _throughput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     demand = stats.ratio(facts.req_current("rate_rps"), facts.req_baseline("rate_rps"))
     if not (r <= cfg.min_drop_rate and r / demand <= cfg.min_drop_rate):
         return None
-    xb, xc = _interval_rates(facts, "output_tokens")
+    xb, xc = _interval_rates(facts, "output_tokens_sum")
     if min(len(xb), len(xc)) < cfg.min_intervals:
         return None
     p = stats.mann_whitney_greater(xb, xc)
@@ -120,7 +120,13 @@ def _error_rate(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     nb, nc = int(facts.req_baseline("requests") or 0), int(facts.req_current("requests") or 0)
     if min(nb, nc) < cfg.min_requests_p50:
         return None
-    eb, ec = int(facts.req_baseline("errors") or 0), int(facts.req_current("errors") or 0)
+    # Rates over the arrivals the rows stand for (failed requests are all kept, the rest head-sampled).
+    eb, ec = (
+        round(num0(facts.req_baseline("errors_weighted"))),
+        round(num0(facts.req_current("errors_weighted"))),
+    )
+    nb = max(nb, round(num0(facts.req_baseline("arrivals"))))
+    nc = max(nc, round(num0(facts.req_current("arrivals"))))
     base, cur = eb / nb, ec / nc
     if cur - base < cfg.min_error_rate_increase or not stats.ratio(cur, base) >= cfg.min_error_rate_ratio:
         return None
@@ -128,3 +134,8 @@ def _error_rate(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     if p >= cfg.alpha:
         return None
     return Regression("error_rate", base, cur, stats.ratio(cur, base), p, nb, nc)
+
+
+def num0(x: float) -> float:
+    """NaN as 0."""
+    return x if math.isfinite(x) else 0.0

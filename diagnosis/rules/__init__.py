@@ -6,8 +6,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from diagnosis.rules import (
+    batch_limit_low,
+    compute_slowdown,
+    frontend_bottleneck,
     kv_cache_pressure,
     kv_transfer_slow,
+    long_outputs,
     long_prompts,
     oversized_batch,
     prefill_interference,
@@ -29,5 +33,11 @@ RULES: tuple[ModuleType, ...] = (
     rpc_overhead,
     weight_quant_off,
     kv_transfer_slow,
+    compute_slowdown,
+    long_outputs,
+    batch_limit_low,
+    frontend_bottleneck,
 )
-CAUSES: tuple[str, ...] = tuple(rule.CAUSE for rule in RULES)
+RULE_CAUSES: tuple[str, ...] = tuple(rule.CAUSE for rule in RULES)
+# What a finding can name: a rule's cause, or `unexplained` when symptoms regressed and none fits.
+CAUSES: tuple[str, ...] = (*RULE_CAUSES, "unexplained")

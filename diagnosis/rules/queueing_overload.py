@@ -1,7 +1,9 @@
 """queueing_overload: more requests arrive than the engine serves; they wait in the queue.
 
 Evidence: arrivals up, queue time up and explaining most of the TTFT change, and (with step data) a busy
-step loop. Look-alike scheduler_stall has the queue grow with arrivals flat and gaps between steps up.
+step loop; without step spans (vLLM-shaped traces) also the queue's share of TTFT up, since a TTFT rise at
+flat arrivals is not overload. Look-alike scheduler_stall has the queue grow with arrivals flat and gaps
+between steps up.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ LEVER = (
 )
 
 
+def _queue_share_grew(facts: Facts) -> bool:
+    """Did the queue's share of mean TTFT grow by `queue_share_increase`? More arrivals past the knee
+    make requests wait longer before they run, not only longer in total."""
+    (qb, qc), (tb, tc) = facts.req_pair("queue_mean"), facts.req_pair("ttft_mean")
+    if not (tb > 0 and tc > 0):
+        return False
+    return qc / tc - qb / tb >= facts.config.queue_share_increase
+
+
 def evaluate(facts: Facts) -> Finding | None:
     """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`,
     and no growth of the gaps between steps (`base.gaps_grew`)."""
@@ -31,6 +42,8 @@ def evaluate(facts: Facts) -> Finding | None:
         return None
     if gaps_grew(facts):
         return None  # the loop stopped between steps with work waiting: a stall, not more work
+    if facts.steps is None and not _queue_share_grew(facts):
+        return None  # request-only: no busy loop to see, so the queue must take a larger part of TTFT
     share = ttft_share(facts, "queue")
     evidence = [
         Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),

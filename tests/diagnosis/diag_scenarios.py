@@ -54,6 +54,31 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=4, vllm=True, scrape_s=1.0, clients=24, max_num_seqs=4, fault={"max_num_seqs": 32}),
         "oversized_batch",
     ),
+    # A noisy neighbour: every step waits for a core (wall x2 at the same CPU time), the host load up.
+    "compute_slowdown": (SimConfig(seed=17, fault={"cpu_wait_factor": 2.0}), "compute_slowdown"),
+    # Clocks held down: the work itself slower (CPU time grows with the wall).
+    "compute_slowdown_clocks": (SimConfig(seed=18, fault={"clock_factor": 1.8}), "compute_slowdown"),
+    "long_outputs": (SimConfig(seed=19, fault={"output_median": 200}), "long_outputs"),
+    "batch_limit_low": (
+        SimConfig(seed=20, rate_rps=6.0, fault={"max_num_seqs": 2}),
+        "batch_limit_low",
+    ),
+    # The front end's loop busy 0.2 s per request at 4 requests/s: it saturates, requests wait before it.
+    "frontend_bottleneck": (SimConfig(seed=21, fault={"frontend_cpu_s": 0.22}), "frontend_bottleneck"),
+    # Sampled: 1-in-4 steps recorded, 25% of requests head-sampled, slow ones kept anyway.
+    "sampled_queueing_overload": (
+        SimConfig(seed=3, steps_every=4, head_ratio=0.25, slow_request_s=1.0, fault={"rate_rps": 10.0}),
+        "queueing_overload",
+    ),
+    "sampled_scheduler_stall": (
+        SimConfig(seed=7, steps_every=4, head_ratio=0.25, slow_request_s=1.0, fault={"stall_ms": 30.0}),
+        "scheduler_stall",
+    ),
+    # Request-only and flat arrivals: every step slower, which only step spans could show. Not overload.
+    "vllm_slower_steps": (
+        SimConfig(seed=22, vllm=True, rate_rps=5.0, fault={"clock_factor": 1.8}),
+        "unexplained",
+    ),
 }
 
 

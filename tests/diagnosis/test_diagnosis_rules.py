@@ -28,7 +28,7 @@ def halves(name: str) -> tuple[TimeRange, TimeRange]:
 
 
 def test_every_cause_has_a_scenario() -> None:
-    assert {SCENARIOS[name][1] for name in FAULTS} == set(CAUSES)
+    assert {SCENARIOS[name][1] for name in FAULTS} | {"unexplained"} == set(CAUSES)
 
 
 @pytest.mark.parametrize("name", FAULTS)
@@ -125,3 +125,53 @@ def test_decomposition_adds_up(scenario_source: StoreReader) -> None:
 def test_an_empty_window_says_so(scenario_source: StoreReader) -> None:
     result = diagnose(scenario_source, window=TimeRange(1_000_000_000, 1_000_000_100))
     assert result.findings == () and result.notes == ("no requests in the window",)
+
+
+@pytest.mark.parametrize(
+    "name", ["compute_slowdown", "long_outputs", "batch_limit_low", "frontend_bottleneck"]
+)
+def test_with_its_rule_switched_off_a_fault_is_unexplained_not_another_cause(
+    scenario_source: StoreSource, name: str
+) -> None:
+    cause = SCENARIOS[name][1]
+    result = diagnose(scenario_source, window=whole(name), without_rules=(cause,)).to_json()
+    assert [f["cause"] for f in result["findings"]] == ["unexplained"]
+    finding = result["findings"][0]
+    assert 0 < finding["confidence"] <= 1 and "stepscope query" in finding["lever"]
+    assert any(e["metric"].startswith("series.") for e in finding["evidence"]), "the series that moved"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"), [("compute_slowdown", "contention"), ("compute_slowdown_clocks", "slower_compute")]
+)
+def test_compute_slowdown_says_contention_or_slower_compute(
+    scenario_source: StoreSource, name: str, kind: str
+) -> None:
+    before, after = halves(name)
+    finding = diagnose(scenario_source, window=after, baseline=before).findings[0]
+    evidence = {e.metric: e for e in finding.evidence}
+    assert finding.cause == "compute_slowdown" and evidence["slowdown_kind"].current == kind
+    assert kind.replace("_", " ") in finding.summary
+
+
+def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
+    scenario_source: StoreSource,
+) -> None:
+    result = diagnose(scenario_source, window=whole("vllm_slower_steps")).to_json()
+    assert result["regressions"]
+    assert [f["cause"] for f in result["findings"]] == ["unexplained"]
+
+
+@pytest.mark.parametrize("name", ["queueing_overload", "scheduler_stall"])
+def test_sampled_and_unsampled_runs_give_the_same_top_cause(scenario_source: StoreSource, name: str) -> None:
+    causes = [diagnose(scenario_source, window=whole(n)).findings[0].cause for n in (name, f"sampled_{name}")]
+    assert causes == [name, name]
+    sampled = diagnose(scenario_source, window=whole(f"sampled_{name}")).to_json()
+    rates = sampled["data"]["requests"]
+    assert rates["baseline"] < rates["current"] or name != "queueing_overload"
+
+
+def test_the_onset_of_each_finding_lands_within_10_s(scenario_source: StoreSource) -> None:
+    for name in FAULTS:
+        top = diagnose(scenario_source, window=whole(name)).findings[0]
+        assert abs(top.onset - (placed(name).t0 + DURATION_S / 2)) <= 10, name

@@ -1,0 +1,68 @@
+"""batch_limit_low: the batch limit was lowered (a configuration rollback, a wrong value): the running
+batch is pinned at a cap below what the load needs, and requests wait in the queue.
+
+Evidence: `max_num_seqs` lowered, the running batch at (or near) the new cap, the waiting queue and queue
+time up at flat arrivals, the KV cache with room (look-alike kv_cache_pressure: the pool is full and
+sequences are preempted) and steps no slower (look-alike compute_slowdown). Look-alike queueing_overload
+has the arrivals up at an unchanged limit.
+"""
+
+from __future__ import annotations
+
+from diagnosis.facts import Facts
+from diagnosis.records import Evidence, Finding, NotEnoughData
+from diagnosis.rules.base import best, make_finding, steps_missing, strength, ttft_share
+
+CAUSE = "batch_limit_low"
+LEVER = (
+    "Put max_num_seqs (and max_num_batched_tokens) back: at the knee of step time vs batch size with 20% "
+    "headroom (`stepscope query step_time_by_batch` shows the curve; `stepscope bench` finds the knee)."
+)
+
+
+def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
+    """max_num_seqs (its step-weighted mean) down by `limit_raise_ratio`, the current batch's mean at
+    `batch_at_cap_share` of the new cap or more, queue time up, arrivals below `arrival_ratio`, KV usage
+    P90 below `kv_full_share`. Share = the queue part of the TTFT change."""
+    cfg = facts.config
+    if missing := steps_missing(facts, CAUSE):
+        return missing
+    symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput")
+    limit_b, limit_c = facts.step_pair("max_num_seqs_mean")
+    if not symptoms or not (limit_c > 0 and limit_b >= cfg.limit_raise_ratio * limit_c):
+        return None
+    cap = facts.step_current("max_num_seqs_max")
+    batch_b, batch_c = facts.step_pair("batch_mean")
+    if not batch_c >= cfg.batch_at_cap_share * min(cap, limit_c):
+        return None  # the batch does not reach the cap: the lower limit is not what binds
+    if not facts.req_current("queue_mean") > facts.req_baseline("queue_mean"):
+        return None
+    if not facts.req_ratio("rate_rps", 1.0) < cfg.arrival_ratio:
+        return None
+    if facts.step_current("kv_usage_p90") >= cfg.kv_full_share:
+        return None
+    share = best(ttft_share(facts, "queue"))
+    if facts.regressed("throughput", "goodput") and not share >= cfg.min_share_explained:
+        share = cfg.min_share_explained  # a lower cap cuts capacity even where latency parts hid it
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(limit_b / limit_c, cfg.limit_raise_ratio),
+        onset_series="max_num_seqs",
+        evidence=[
+            Evidence("max_num_seqs", limit_b, limit_c),
+            Evidence("batch_size_mean", batch_b, batch_c),
+            Evidence("waiting_requests_mean", *facts.step_pair("waiting_mean")),
+            Evidence("queue_s_mean", *facts.req_pair("queue_mean")),
+            Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
+            Evidence("kv_usage_p90", *facts.step_pair("kv_usage_p90")),
+            Evidence("step_s_mean", *facts.step_pair("step_mean")),
+        ],
+        lever=LEVER,
+        summary=(
+            f"max_num_seqs {limit_b:.0f} -> {limit_c:.0f}: the batch is pinned at the cap while requests "
+            f"queue at flat arrivals"
+        ),
+    )

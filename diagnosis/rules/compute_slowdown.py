@@ -1,0 +1,107 @@
+"""compute_slowdown: the engine does the same work more slowly: a noisy neighbour on its cores, CPU or GPU
+clocks held down (thermals, power caps), a slower device.
+
+Evidence: step time at equal batch size up with the configuration unchanged (same weight dtype, bytes
+per step and limits: look-alike weight_quant_off changes the dtype and the bytes read; look-alike
+oversized_batch grows the batch instead). Which kind of slowdown, from the stepping thread's CPU time per
+step (`steps.cpu_s`) against its wall time at equal batch size: wall up at about equal CPU means the
+thread waited for a core (contention); CPU up with the wall means each step's work got slower (clocks,
+thermals, a slower device). Host counters joined to the steps back it: the load average and runnable
+tasks above the cores, CPU steal, the engine process's share of a core; on CUDA the SM clock against its
+maximum, NVML's clock-event (throttle) reasons and other processes on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.records import Evidence, Finding, NotEnoughData
+from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength, ttft_share
+
+CAUSE = "compute_slowdown"
+LEVER = (
+    "Find what competes for the engine's cores or device: `top`/`pidstat` for other busy processes (pin "
+    "the engine to dedicated cores with taskset/cpusets, isolate the GPU, move the neighbour); check CPU "
+    "and GPU clocks and throttle reasons (`nvidia-smi -q -d PERFORMANCE,CLOCK`, thermals, power caps)."
+)
+
+
+def config_unchanged(facts: Facts) -> bool:
+    """Weight dtype, bytes per step at equal batch size, max_num_seqs, chunking and the KV pool as before."""
+    cfg = facts.config
+    dtypes = [s.get("weight_dtype_top", "") for s in facts.steps or ({}, {})]
+    if dtypes[0] and dtypes[1] and dtypes[0] != dtypes[1]:
+        return False
+    split = facts.decomposition.get("step_period", {})
+    if split.get("bytes_ratio_equal_batch", 1.0) >= cfg.bytes_ratio:
+        return False
+    for key in ("max_num_seqs_mean", "kv_blocks_total_mean", "chunked_share"):
+        b, c = facts.step_pair(key)
+        if b > 0 and not 1 / cfg.limit_raise_ratio <= c / b <= cfg.limit_raise_ratio:
+            return False
+    return True
+
+
+def kind(facts: Facts, wall_ratio: float) -> tuple[str, float]:
+    """("contention" | "slower_compute" | "unknown", the CPU-time ratio at equal batch size)."""
+    cfg = facts.config
+    split = facts.decomposition.get("step_period", {})
+    cpu_ratio = split.get("cpu_ratio_equal_batch", math.nan)
+    if math.isfinite(cpu_ratio) and math.isfinite(wall_ratio) and wall_ratio > 1:
+        # the part of the wall-time growth the thread spent computing
+        grown = (cpu_ratio - 1) / (wall_ratio - 1)
+        return ("slower_compute" if grown >= cfg.cpu_growth_share else "contention"), cpu_ratio
+    load_b, load_c = facts.step_pair("host_load_per_cpu")
+    if math.isfinite(load_c) and load_c >= cfg.host_overload_per_cpu and load_c > load_b:
+        return "contention", cpu_ratio
+    return "unknown", cpu_ratio
+
+
+def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
+    """Equal-batch step time up by `equal_batch_ratio` with the configuration unchanged; share = the
+    equal-batch part of the step-period change (TPOT), or prefill's part of the TTFT change."""
+    cfg = facts.config
+    if missing := steps_missing(facts, CAUSE):
+        return missing
+    symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
+    split = facts.decomposition.get("step_period", {})
+    if not symptoms or not split.get("available"):
+        return None
+    speed = split["equal_batch_ratio"]
+    if not speed >= cfg.equal_batch_ratio or not config_unchanged(facts):
+        return None
+    how, cpu_ratio = kind(facts, speed)
+    share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
+    what = {
+        "contention": "waiting for a core (contention): CPU time per step about as before",
+        "slower_compute": "each step's work got slower (clocks, thermals, device): CPU time per step up",
+        "unknown": "no CPU time per step or host counters to tell contention from slower compute",
+    }[how]
+    evidence = [
+        Evidence("slowdown_kind", "", how),
+        Evidence("step_time_ratio_at_equal_batch", 1.0, speed),
+        Evidence("step_cpu_ratio_at_equal_batch", 1.0, cpu_ratio),
+        Evidence("step_cpu_share_of_wall", *facts.step_pair("cpu_share")),
+        Evidence("step_s_mean", *facts.step_pair("step_mean")),
+        Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
+        Evidence("host_load_1m", *facts.step_pair("host_load_1m")),
+        Evidence("host_procs_running", *facts.step_pair("host_procs_running")),
+        Evidence("host_cpu_steal", *facts.step_pair("host_cpu_steal")),
+        Evidence("engine_cpu_share", *facts.step_pair("host_engine_cpu_share")),
+    ]
+    for key in ("gpu_sm_clock_ratio", "gpu_clocks_event_reasons", "gpu_processes"):
+        b, c = facts.step_pair(key)
+        if math.isfinite(b) or math.isfinite(c):
+            evidence.append(Evidence(key, b, c))
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=strength(speed, cfg.equal_batch_ratio),
+        onset_series="cpu_share" if how == "contention" else "step_mean",
+        evidence=evidence,
+        lever=LEVER,
+        summary=f"step time x{speed:.2f} at equal batch size with the configuration unchanged: {what}",
+    )

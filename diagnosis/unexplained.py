@@ -1,0 +1,147 @@
+"""`unexplained`: a symptom regressed significantly and no rule's evidence explains it. Never silent, never
+the closest wrong label: the finding says which part of TTFT, of the decode step period and of the step
+loop's time grew, which series moved most at the change point (before and after), and which named query
+to run next. Its confidence is the share of the symptom's change the decomposition accounts for.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import numpy as np
+
+from diagnosis import queries
+from diagnosis.facts import Facts
+from diagnosis.records import Evidence, Finding
+
+CAUSE = "unexplained"
+# Series compared across the split, with the unit their name carries; the ones that moved most are
+# reported (each scored by its shift in pooled standard deviations across the intervals).
+SERIES = (
+    "ttft_mean", "tpot_mean", "e2e_mean", "queue_mean", "prefill_mean", "frontend_mean", "requests",
+    "input_mean", "output_mean", "cached_share", "rpc_delay_mean", "loop_lag_mean", "step_mean",
+    "work_gap_mean", "batch_mean", "waiting_mean", "kv_usage", "preemptions", "cpu_share",
+    "max_num_seqs", "chunked_share", "bytes_mean", "kv_transfer_mean", "host_load_1m",
+)  # fmt: skip
+TOP_SERIES = 5
+
+
+def grown_parts(facts: Facts) -> list[tuple[str, float, float, float]]:
+    """(part, baseline, current, share of its symptom's change) of every decomposition part that grew."""
+    out = []
+    ttft = facts.decomposition.get("ttft", {})
+    if ttft.get("available"):
+        mean = ttft["mean"]
+        for part, share in mean["share"].items():
+            if mean["delta"][part] > 0:
+                out.append((f"ttft.{part}_s", mean["baseline"][part], mean["current"][part], share))
+    period = facts.decomposition.get("step_period", {})
+    if period.get("available"):
+        for part, share in period["share"].items():
+            if period["delta"][part] > 0 and part != "residual":
+                out.append((f"step_period.{part}_s", 0.0, period["delta"][part], share))
+    loop = facts.decomposition.get("throughput", {})
+    if "busy_share" in loop.get("current", {}):
+        for part in ("busy_share", "waiting_gap_share", "idle_share"):
+            b, c = loop["baseline"][part], loop["current"][part]
+            if c - b > 0.05:
+                out.append((f"step_loop.{part}", b, c, math.nan))
+    return sorted(out, key=lambda p: -(p[3] if math.isfinite(p[3]) else 0.0))
+
+
+def moved_series(facts: Facts) -> list[tuple[str, float, float, float]]:
+    """(series, baseline mean, current mean, score) of the series that moved most across the split."""
+    s = facts.series
+    t = s.start + np.arange(len(s)) * s.interval_s
+    before = (t >= facts.baseline.start) & (t < facts.baseline.end)
+    after = (t >= facts.window.start) & (t < facts.window.end)
+    out = []
+    for name in SERIES:
+        x = s.get(name)
+        if name == "requests":
+            x = np.nan_to_num(x)
+        xb, xc = x[before & np.isfinite(x)], x[after & np.isfinite(x)]
+        if len(xb) < 3 or len(xc) < 3:
+            continue
+        mb, mc = float(xb.mean()), float(xc.mean())
+        spread = math.sqrt((float(xb.var()) + float(xc.var())) / 2)
+        if mb == mc:
+            continue
+        score = abs(mc - mb) / spread if spread > 0 else math.inf
+        out.append((name, mb, mc, score))
+    out.sort(key=lambda r: -r[3])
+    return out[:TOP_SERIES]
+
+
+def accounted(facts: Facts) -> float:
+    """The share of the regressed symptom's change the decomposition accounts for (1 - its residual)."""
+    shares = []
+    if facts.regressed("ttft", "e2e", "goodput"):
+        ttft = facts.decomposition.get("ttft", {})
+        if ttft.get("available"):
+            other = ttft["mean"]["share"].get("other", math.nan)
+            if math.isfinite(other):
+                shares.append(1 - abs(other))
+    if facts.regressed("tpot", "itl_max", "throughput", "e2e", "goodput"):
+        period = facts.decomposition.get("step_period", {})
+        if period.get("available"):
+            residual = period["share"].get("residual", math.nan)
+            if math.isfinite(residual):
+                shares.append(1 - abs(residual))
+    return max(0.05, min(0.95, max(shares))) if shares else 0.05
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def lever(facts: Facts, parts: list[tuple[str, float, float, float]]) -> str:
+    """Where to look next: the named query for the part that grew most."""
+    top = parts[0][0] if parts else ""
+    w = f"from={_iso(facts.baseline.start)} to={_iso(facts.window.end)}"
+    if top.startswith("step_period.") or top.startswith("step_loop."):
+        query = f"stepscope query step_time_by_batch {w}"
+        where = "how step time and gaps per batch size moved"
+    elif top in ("ttft.queue_s", "ttft.other_s", "ttft.frontend_s"):
+        query = f"stepscope query slowest {w} metric=queue_s"
+        where = "the requests that waited longest, then `stepscope query waterfall trace_id=...` on one"
+    else:
+        query = (
+            f"stepscope query compare a_from={_iso(facts.baseline.start)} a_to={_iso(facts.baseline.end)} "
+            f"b_from={_iso(facts.window.start)} b_to={_iso(facts.window.end)}"
+        )
+        where = "the two windows side by side"
+    return (
+        f"No known cause matches. Run `{query}` ({where}); check what changed at the onset (deploys, "
+        "configuration, neighbours on the host, traffic mix)."
+    )
+
+
+def explain(facts: Facts) -> Finding:
+    """The `unexplained` finding of a diagnosis with regressions and no finding."""
+    parts = grown_parts(facts)
+    moved = moved_series(facts)
+    evidence = [Evidence(name, b, c) for name, b, c, _ in parts[:4]]
+    evidence += [Evidence(f"series.{name}", b, c) for name, b, c, _ in moved]
+    share = accounted(facts)
+    span_start = min(facts.baseline.start, facts.window.start)
+    iv = max(1, round(facts.series.interval_s))
+    sql = queries.render(
+        queries.EVIDENCE[CAUSE],
+        {"iv": int(iv), "t0": int(span_start * 1e9), "t1": int(facts.window.end * 1e9)},
+    )
+    grew = ", ".join(p[0] for p in parts[:3]) or "no part of the decomposition"
+    onset = facts.onset(moved[0][0]) if moved else facts.window.start
+    symptoms = tuple(r.metric for r in facts.regressions)
+    return Finding(
+        cause=CAUSE,
+        symptoms=symptoms,
+        confidence=share,
+        onset=onset,
+        evidence=tuple(evidence),
+        lever=lever(facts, parts),
+        sql=sql,
+        summary=f"{', '.join(symptoms[:3])} regressed and no rule explains it; grew: {grew}",
+        share_explained=share,
+    )
