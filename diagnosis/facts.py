@@ -144,6 +144,9 @@ class Facts:
         seg = self.series.get(name)[lo:hi]
         if np.isfinite(seg).sum() < 6:
             return fallback
+        finite = seg[np.isfinite(seg)]
+        if finite.min() > 0 and finite.max() > 10 * finite.min():
+            seg = np.log(seg)  # a step of 100x followed by a backlog's growth: the step is the change
         k = stats.change_point([seg], max(2, len(seg) // 8))
         return fallback if k is None else self.series.time_of(lo + k)
 

@@ -44,6 +44,8 @@ class Fault:
     workload: dict[str, Any] = field(default_factory=dict)
     # Closed-loop clients in all (both streams) instead of the open-loop rate: demand that queues.
     clients: int | None = None
+    # Busy processes of another program started on the engine's cores at the onset (a noisy neighbour).
+    neighbours: Callable[[float], int] | None = None
 
 
 FAULTS: dict[str, Fault] = {
@@ -153,6 +155,39 @@ FAULTS: dict[str, Fault] = {
             (None, None),
             engine=lambda v: {"weight_quant_off": True},
             serve_args=("--weight-dtype", "int8"),  # healthy half int8, the fault half fp32
+        ),
+        Fault(
+            "cpu_contention",
+            "N busy processes of another program on the engine's cores from the onset",
+            2,
+            (2, 4),
+            neighbours=lambda v: int(v),
+        ),
+        Fault(
+            "long_outputs",
+            "answers K times longer (max_tokens times K)",
+            4.0,
+            (3.0, 6.0),
+            shift=lambda v: {"output_len_factor": v},
+        ),
+        Fault(
+            "batch_limit_low",
+            "max_num_seqs lowered to N",
+            3,
+            (2, 4),
+            limits=lambda v, cur: {"max_num_seqs": int(v)},
+            # Eight clients keep the batch at the cap of 8 with nobody waiting: a lower cap binds at once
+            # (open-loop arrivals below the knee keep the batch at ~1.5, under any cap of 2 or more).
+            clients=8,
+        ),
+        Fault(
+            "frontend_cpu",
+            "the front end tokenizes each prompt K extra times on its event loop",
+            # The byte tokenizer takes ~5 us for a mean prompt: 50000 times is ~0.25 s of the loop's CPU per
+            # request, a slow tokenizer and request parsing that the loop does for every request in turn.
+            50000,
+            (30000, 100000),
+            engine=lambda v: {"frontend_cpu": int(v)},
         ),
     )
 }

@@ -7,6 +7,8 @@ Each is a `stepscope.procs.Proc`: its own session (so a Ctrl-C in the terminal r
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,3 +101,41 @@ def warm_up(url: str, model: str) -> None:
     for prompt in ("warm up " * 40, "hello"):
         body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
         httpx.post(url + "/v1/completions", json=body, timeout=120, trust_env=False)
+
+
+# A process of another program that only burns CPU: what a noisy neighbour on the engine's cores does.
+_BUSY = "while True: pass"
+
+
+def start_neighbours(n: int, cores_of: int | None = None) -> list[subprocess.Popen]:
+    """Start `n` busy processes (each in its own session) on the cores process `cores_of` may run on
+    (all of this process's cores when None): real contention for the engine's CPU, the engine itself
+    untouched. Stop them with `stop_neighbours`."""
+    cores = os.sched_getaffinity(cores_of or 0) if hasattr(os, "sched_getaffinity") else None
+    procs = []
+    try:
+        for _ in range(n):
+            p = subprocess.Popen(
+                [sys.executable, "-c", _BUSY],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            procs.append(p)
+            if cores:
+                os.sched_setaffinity(p.pid, cores)
+    except BaseException:
+        stop_neighbours(procs)
+        raise
+    return procs
+
+
+def stop_neighbours(procs: list[subprocess.Popen]) -> None:
+    """Kill the busy processes `start_neighbours` started and reap them."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+    procs.clear()

@@ -30,7 +30,15 @@ from loadgen.workloads import WorkloadShift
 from scenarios.calibrate import capacity
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload, load_specs, workloads
 from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, min_duration_s
-from scenarios.procs import Proc, start_collector, start_server, wait_flushed, warm_up
+from scenarios.procs import (
+    Proc,
+    start_collector,
+    start_neighbours,
+    start_server,
+    stop_neighbours,
+    wait_flushed,
+    warm_up,
+)
 from stepscope.procs import free_port
 
 
@@ -49,7 +57,7 @@ async def _admin(url: str, path: str, token: str, body: dict[str, object] | None
 
 
 async def _switch_at(
-    cfg: ScenarioConfig, url: str, token: str, t0: float, stop: asyncio.Event
+    cfg: ScenarioConfig, url: str, token: str, t0: float, stop: asyncio.Event, neighbours: list | None = None
 ) -> float | None:
     """At the onset, apply the fault's limits or engine faults; returns the unix time it went on."""
     fault = FAULTS[cfg.fault] if cfg.fault else None
@@ -72,15 +80,25 @@ async def _switch_at(
         body = fault.engine(cfg.value or 0.0)
         cfg.log(f"scenario: onset: /admin/faults {body}")
         await _admin(url, "/admin/faults", token, body)
+    if fault.neighbours is not None and neighbours is not None:
+        n = fault.neighbours(cfg.value or 0.0)
+        cfg.log(f"scenario: onset: {n} busy processes on the engine's cores")
+        neighbours += start_neighbours(n)
     if fault.shift is not None:
         cfg.log(f"scenario: onset: workload shift {fault.shift(cfg.value or 0.0)}")
     return onset
 
 
 async def drive(
-    cfg: ScenarioConfig, url: str, token: str, rate: float | None, stop: asyncio.Event
+    cfg: ScenarioConfig,
+    url: str,
+    token: str,
+    rate: float | None,
+    stop: asyncio.Event,
+    neighbours: list | None = None,
 ) -> dict[str, Any]:
-    """Run both streams with the fault's shift from the onset, and switch the fault's knobs at the onset."""
+    """Run both streams with the fault's shift from the onset, and switch the fault's knobs at the onset
+    (busy processes it starts are added to `neighbours`, for the caller to stop)."""
     fault = FAULTS[cfg.fault] if cfg.fault else None
     shifts = (WorkloadShift(cfg.onset, **fault.shift(cfg.value or 0.0)),) if fault and fault.shift else ()
     mixed, shared = workloads(cfg.seed, shifts, fault_workload(cfg))
@@ -90,10 +108,10 @@ async def drive(
     runs = asyncio.gather(
         run_load(url, mixed, load_a, opts, stop=stop),
         run_load(url, shared, load_b, replace(opts, first_index=1_000_000), stop=stop),
-        _switch_at(cfg, url, token, t0, stop),
+        _switch_at(cfg, url, token, t0, stop, neighbours),
     )
     a, b, onset = await runs
-    if fault is not None and fault.limits is None and fault.engine is None:
+    if fault is not None and fault.limits is None and fault.engine is None and fault.neighbours is None:
         onset = start + cfg.onset  # a pure workload shift starts on the load generator's clock
     return {"start": start, "end": time.time(), "onset": onset, "summary": _summary([a, b])}
 
@@ -131,6 +149,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     token = secrets.token_hex(16)
     load_before = os.getloadavg()[0]
     procs: list[Proc] = []
+    neighbours: list = []  # busy processes of a cpu_contention run
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
@@ -147,11 +166,13 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
             f"{f'{fault_clients(cfg)} clients' if closed else f'rate {rate}/s'} "
             f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
         )
-        run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate))
+        run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate, neighbours))
+        stop_neighbours(neighbours)
         server.stop()
         n = wait_flushed(collector_url)
         cfg.log(f"scenario: {n} requests stored; issued {run['summary']['issued']}")
     finally:
+        stop_neighbours(neighbours)
         for p in reversed(procs):
             p.stop()
     truth = {
@@ -181,11 +202,11 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
 
 
 async def _drive_until_interrupted(
-    cfg: ScenarioConfig, url: str, token: str, rate: float | None
+    cfg: ScenarioConfig, url: str, token: str, rate: float | None, neighbours: list
 ) -> dict[str, Any]:
     stop = asyncio.Event()
     try:
-        return await drive(cfg, url, token, rate, stop)
+        return await drive(cfg, url, token, rate, stop, neighbours)
     except asyncio.CancelledError:
         stop.set()
         raise
