@@ -169,3 +169,31 @@ def test_the_capacity_probe_counts_completions_after_the_ramp():
     steady = [5.0 + i * 0.25 for i in range(61)]  # 4 requests/s from 5 s to 20 s
     assert steady_rate(steady, 20.0) == pytest.approx(4.0, rel=0.03)
     assert steady_rate([], 20.0) == 0.05  # nothing finished: a floor, never zero
+
+
+def test_long_outputs_scale_max_tokens_from_the_onset_only():
+    healthy, shifted = workloads(3)[0], _shifted("long_outputs", 4.0)[0]
+    before = [shifted.request(i, ONSET_S - 0.01).max_tokens for i in range(50)]
+    after = [shifted.request(i, ONSET_S).max_tokens for i in range(50)]
+    assert before == [healthy.request(i, 0).max_tokens for i in range(50)]
+    assert after == [4 * n for n in before]
+
+
+def test_the_new_faults_turn_their_knobs():
+    assert FAULTS["batch_limit_low"].limits(3, {"max_num_seqs": 8}) == {"max_num_seqs": 3}
+    assert FAULTS["frontend_cpu"].engine(50000) == {"frontend_cpu": 50000}
+    assert FAULTS["cpu_contention"].neighbours(2) == 2
+
+
+def test_neighbours_are_real_busy_processes_and_stop():
+    import os
+
+    from scenarios.procs import start_neighbours, stop_neighbours
+
+    procs = start_neighbours(2)
+    try:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+        assert all(os.getpgid(p.pid) == p.pid for p in procs), "each in its own session"
+    finally:
+        stop_neighbours(procs)
+    assert procs == []
