@@ -54,7 +54,7 @@ SELECT {_BUCKET},
        sum(output_tokens * sample_weight) AS output_tokens_sum,
        avg(output_tokens) AS output_mean,
        avg(frontend_s) AS frontend_mean,
-       quantile(0.1)(frontend_s) AS frontend_p10,
+       {QUANTILE}(0.1)(frontend_s) AS frontend_p10,
        avg(loop_lag_s) AS loop_lag_mean
 FROM requests
 WHERE {_SPAN}
