@@ -131,7 +131,7 @@ def test_an_empty_window_says_so(scenario_source: StoreReader) -> None:
     "name", ["compute_slowdown", "long_outputs", "batch_limit_low", "frontend_bottleneck"]
 )
 def test_with_its_rule_switched_off_a_fault_is_unexplained_not_another_cause(
-    scenario_source: StoreSource, name: str
+    scenario_source: StoreReader, name: str
 ) -> None:
     cause = SCENARIOS[name][1]
     result = diagnose(scenario_source, window=whole(name), without_rules=(cause,)).to_json()
@@ -145,7 +145,7 @@ def test_with_its_rule_switched_off_a_fault_is_unexplained_not_another_cause(
     ("name", "kind"), [("compute_slowdown", "contention"), ("compute_slowdown_clocks", "slower_compute")]
 )
 def test_compute_slowdown_says_contention_or_slower_compute(
-    scenario_source: StoreSource, name: str, kind: str
+    scenario_source: StoreReader, name: str, kind: str
 ) -> None:
     before, after = halves(name)
     finding = diagnose(scenario_source, window=after, baseline=before).findings[0]
@@ -155,7 +155,7 @@ def test_compute_slowdown_says_contention_or_slower_compute(
 
 
 def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
-    scenario_source: StoreSource,
+    scenario_source: StoreReader,
 ) -> None:
     result = diagnose(scenario_source, window=whole("vllm_slower_steps")).to_json()
     assert result["regressions"]
@@ -163,7 +163,7 @@ def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
 
 
 @pytest.mark.parametrize("name", ["queueing_overload", "scheduler_stall"])
-def test_sampled_and_unsampled_runs_give_the_same_top_cause(scenario_source: StoreSource, name: str) -> None:
+def test_sampled_and_unsampled_runs_give_the_same_top_cause(scenario_source: StoreReader, name: str) -> None:
     causes = [diagnose(scenario_source, window=whole(n)).findings[0].cause for n in (name, f"sampled_{name}")]
     assert causes == [name, name]
     sampled = diagnose(scenario_source, window=whole(f"sampled_{name}")).to_json()
@@ -171,7 +171,7 @@ def test_sampled_and_unsampled_runs_give_the_same_top_cause(scenario_source: Sto
     assert rates["baseline"] < rates["current"] or name != "queueing_overload"
 
 
-def test_the_onset_of_each_finding_lands_within_10_s(scenario_source: StoreSource) -> None:
+def test_the_onset_of_each_finding_lands_within_10_s(scenario_source: StoreReader) -> None:
     for name in FAULTS:
         top = diagnose(scenario_source, window=whole(name)).findings[0]
         assert abs(top.onset - (placed(name).t0 + DURATION_S / 2)) <= 10, name
