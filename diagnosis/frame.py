@@ -30,6 +30,9 @@ COLUMNS = (
     "chunked_sum",
     "max_num_seqs_sum",
     "max_num_seqs_max",
+    "budget_sum",
+    "budget_max",
+    "tokens_sum",
     "waiting_sum",
     "load_sum",
     "load_n",
@@ -81,6 +84,7 @@ class StepFrame:
                 "bytes_mean": total(c["bytes_sum"]) / n,
                 "kv_blocks_total_mean": total(c["kv_blocks_total_sum"]) / n,
                 "max_num_seqs": total(c["max_num_seqs_sum"]) / n,
+                "max_num_batched_tokens": total(c["budget_sum"]) / n,
                 "waiting_mean": total(c["waiting_sum"]) / n,
                 # the stepping thread's CPU time over its wall time: falls when it waits for a core
                 "cpu_share": total(c["cpu_sum"]) / total(c["cpu_wall_sum"]),
@@ -125,6 +129,13 @@ class StepFrame:
             "weight_dtype_top": str(dtypes[np.bincount(inverse, weights=c["steps"]).argmax()]),
             "max_num_seqs_mean": float(c["max_num_seqs_sum"].sum()) / n,
             "max_num_seqs_max": float(c["max_num_seqs_max"].max()),
+            # the token budget (0 where steps do not record it) and the tokens of the steps that carry a
+            # prefill: a budget that binds is filled by them
+            "max_num_batched_tokens_mean": float(c["budget_sum"].sum()) / n,
+            "max_num_batched_tokens_max": float(c["budget_max"].max()),
+            "prefill_step_tokens_mean": _ratio(
+                float(c["tokens_sum"][prefill].sum()), float(c["steps"][prefill].sum())
+            ),
             "cpu_share": _ratio(float(c["cpu_sum"].sum()), float(c["cpu_wall_sum"].sum())),
         }
 

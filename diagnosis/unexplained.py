@@ -21,8 +21,8 @@ CAUSE = "unexplained"
 SERIES = (
     "ttft_mean", "tpot_mean", "e2e_mean", "queue_mean", "prefill_mean", "frontend_mean", "requests",
     "input_mean", "output_mean", "cached_share", "rpc_delay_mean", "loop_lag_mean", "step_mean",
-    "work_gap_mean", "batch_mean", "waiting_mean", "kv_usage", "preemptions", "cpu_share",
-    "max_num_seqs", "chunked_share", "bytes_mean", "kv_transfer_mean", "host_load_1m",
+    "work_gap_mean", "batch_mean", "waiting_mean", "kv_usage", "preemptions", "cpu_share", "max_num_seqs",
+    "max_num_batched_tokens", "chunked_share", "bytes_mean", "kv_transfer_mean", "host_load_1m",
 )  # fmt: skip
 TOP_SERIES = 5
 

@@ -3,8 +3,8 @@
 -- front end's worst event-loop lag while the request was open), `sample_weight` (how many requests the
 -- row stands for: 1 / the head-sampling ratio, 1 for requests kept because they were slow or failed) and
 -- `sampling_reason` (head | slow | error). steps gains `cpu_s` (the stepping thread's CPU time over the
--- step; NULL when not recorded) and `sample_every` (the N of 1-in-N step sampling in force, 1 when not
--- said). Both views are dropped and created again with the columns added (the rest of their SELECTs is
+-- step; NULL when not recorded), `sample_every` (the N of 1-in-N step sampling in force, 1 when not
+-- said) and `max_num_batched_tokens` (the token budget in force, 0 when not said). Both views are dropped and created again with the columns added (the rest of their SELECTs is
 -- 004's and 005's, unchanged); every statement is idempotent.
 
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS frontend_s Nullable(Float64);
@@ -18,6 +18,8 @@ ALTER TABLE requests ADD COLUMN IF NOT EXISTS sampling_reason LowCardinality(Str
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS cpu_s Nullable(Float64);
 
 ALTER TABLE steps ADD COLUMN IF NOT EXISTS sample_every UInt32 DEFAULT 1;
+
+ALTER TABLE steps ADD COLUMN IF NOT EXISTS max_num_batched_tokens UInt32 DEFAULT 0;
 
 DROP VIEW IF EXISTS requests_mv;
 
@@ -102,6 +104,7 @@ SELECT
                             SpanAttributes)),
          'Map(LowCardinality(String), Float64)') AS counters,
     toFloat64OrNull(SpanAttributes['stepscope.step.cpu_s']) AS cpu_s,
-    greatest(toUInt32OrZero(SpanAttributes['stepscope.step.sampled_every']), 1) AS sample_every
+    greatest(toUInt32OrZero(SpanAttributes['stepscope.step.sampled_every']), 1) AS sample_every,
+    toUInt32OrZero(SpanAttributes['stepscope.step.max_num_batched_tokens']) AS max_num_batched_tokens
 FROM otel_traces
 WHERE SpanName = 'engine.step';

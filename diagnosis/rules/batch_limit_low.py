@@ -1,10 +1,11 @@
 """batch_limit_low: the batch limit was lowered (a configuration rollback, a wrong value): the running
 batch is pinned at a cap below what the load needs, and requests wait in the queue.
 
-Evidence: `max_num_seqs` lowered, the running batch at (or near) the new cap, the waiting queue and queue
-time up at flat arrivals, the KV cache with room (look-alike kv_cache_pressure: the pool is full and
-sequences are preempted) and steps no slower (look-alike compute_slowdown). Look-alike queueing_overload
-has the arrivals up at an unchanged limit.
+Evidence: `max_num_seqs` lowered with the running batch at (or near) the new cap, or
+`max_num_batched_tokens` lowered with the steps that carry a prefill filling the new budget; the waiting
+queue and queue time up at flat arrivals, the KV cache with room (look-alike kv_cache_pressure: the pool
+is full and sequences are preempted) and steps no slower (look-alike compute_slowdown). Look-alike
+queueing_overload has the arrivals up at an unchanged limit.
 """
 
 from __future__ import annotations
@@ -21,20 +22,38 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
-    """max_num_seqs (its step-weighted mean) down by `limit_raise_ratio`, the current batch's mean at
-    `batch_at_cap_share` of the new cap or more, queue time up, arrivals below `arrival_ratio`, KV usage
-    P90 below `kv_full_share`. Share = the queue part of the TTFT change."""
+    """A batch limit (its step-weighted mean) down by `limit_raise_ratio` and binding: for max_num_seqs the
+    current batch's mean at `batch_at_cap_share` of the new cap or more, for max_num_batched_tokens (where
+    steps record it) the steps that carry a prefill filled to that share of the new budget. Then queue
+    time up, arrivals below `arrival_ratio`, KV usage P90 below `kv_full_share`. Share = the queue part of
+    the TTFT change."""
     cfg = facts.config
     if missing := steps_missing(facts, CAUSE):
         return missing
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput")
-    limit_b, limit_c = facts.step_pair("max_num_seqs_mean")
-    if not symptoms or not (limit_c > 0 and limit_b >= cfg.limit_raise_ratio * limit_c):
+    if not symptoms:
         return None
-    cap = facts.step_current("max_num_seqs_max")
+    seqs_b, seqs_c = facts.step_pair("max_num_seqs_mean")
+    budget_b, budget_c = facts.step_pair("max_num_batched_tokens_mean")
     batch_b, batch_c = facts.step_pair("batch_mean")
-    if not batch_c >= cfg.batch_at_cap_share * min(cap, limit_c):
-        return None  # the batch does not reach the cap: the lower limit is not what binds
+    fill_b, fill_c = facts.step_pair("prefill_step_tokens_mean")
+    seqs_cap = min(facts.step_current("max_num_seqs_max"), seqs_c)
+    budget_cap = min(facts.step_current("max_num_batched_tokens_max"), budget_c)
+    bound: list[tuple[str, float, float]] = []  # (limit, before, after) of each lowered limit that binds
+    if (
+        seqs_c > 0
+        and seqs_b >= cfg.limit_raise_ratio * seqs_c
+        and batch_c >= cfg.batch_at_cap_share * seqs_cap
+    ):
+        bound.append(("max_num_seqs", seqs_b, seqs_c))
+    if (
+        budget_c > 0
+        and budget_b >= cfg.limit_raise_ratio * budget_c
+        and fill_c >= cfg.batch_at_cap_share * budget_cap
+    ):
+        bound.append(("max_num_batched_tokens", budget_b, budget_c))
+    if not bound:
+        return None  # no limit was lowered, or the load does not reach the lower one
     if not facts.req_current("queue_mean") > facts.req_baseline("queue_mean"):
         return None
     if not facts.req_ratio("rate_rps", 1.0) < cfg.arrival_ratio:
@@ -44,15 +63,19 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     share = best(ttft_share(facts, "queue"))
     if facts.regressed("throughput", "goodput") and not share >= cfg.min_share_explained:
         share = cfg.min_share_explained  # a lower cap cuts capacity even where latency parts hid it
+    limit, before, after = max(bound, key=lambda b: b[1] / b[2])
+    evidence = [Evidence(name, b, a) for name, b, a in bound]
+    if limit == "max_num_batched_tokens":
+        evidence.append(Evidence("prefill_step_tokens_mean", fill_b, fill_c))
     return make_finding(
         facts,
         CAUSE,
         symptoms=symptoms,
         share=share,
-        strength_=strength(limit_b / limit_c, cfg.limit_raise_ratio),
-        onset_series="max_num_seqs",
+        strength_=strength(before / after, cfg.limit_raise_ratio),
+        onset_series=limit,
         evidence=[
-            Evidence("max_num_seqs", limit_b, limit_c),
+            *evidence,
             Evidence("batch_size_mean", batch_b, batch_c),
             Evidence("waiting_requests_mean", *facts.step_pair("waiting_mean")),
             Evidence("queue_s_mean", *facts.req_pair("queue_mean")),
@@ -62,7 +85,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         ],
         lever=LEVER,
         summary=(
-            f"max_num_seqs {limit_b:.0f} -> {limit_c:.0f}: the batch is pinned at the cap while requests "
+            f"{limit} {before:.0f} -> {after:.0f}: the batch is pinned at the lower limit while requests "
             f"queue at flat arrivals"
         ),
     )

@@ -28,7 +28,8 @@ LEVER = (
 
 
 def config_unchanged(facts: Facts) -> bool:
-    """Weight dtype, bytes per step at equal batch size, max_num_seqs, chunking and the KV pool as before."""
+    """Weight dtype, bytes per step at equal batch size, the batch limits, chunking and the KV pool as
+    before."""
     cfg = facts.config
     dtypes = [s.get("weight_dtype_top", "") for s in facts.steps or ({}, {})]
     if dtypes[0] and dtypes[1] and dtypes[0] != dtypes[1]:
@@ -36,7 +37,7 @@ def config_unchanged(facts: Facts) -> bool:
     split = facts.decomposition.get("step_period", {})
     if split.get("bytes_ratio_equal_batch", 1.0) >= cfg.bytes_ratio:
         return False
-    for key in ("max_num_seqs_mean", "kv_blocks_total_mean", "chunked_share"):
+    for key in ("max_num_seqs_mean", "max_num_batched_tokens_mean", "kv_blocks_total_mean", "chunked_share"):
         b, c = facts.step_pair(key)
         if b > 0 and not 1 / cfg.limit_raise_ratio <= c / b <= cfg.limit_raise_ratio:
             return False

@@ -183,7 +183,7 @@ def test_steps_hold_engine_step_attributes_as_typed_columns(store):
         A.STEP_PREFIX_HIT_TOKENS: 32,
         A.STEP_WEIGHT_DTYPE: "int8", A.STEP_KV_DTYPE: "bfloat16", A.STEP_CHUNKED_PREFILL: True,
         A.STEP_MAX_NUM_SEQS: 64, A.STEP_GAP_S: 0.002, A.STEP_BYTES_READ: 5_000_000_000,
-        A.STEP_CPU_S: 0.004, A.STEP_SAMPLED_EVERY: 4,
+        A.STEP_CPU_S: 0.004, A.STEP_SAMPLED_EVERY: 4, A.STEP_MAX_NUM_BATCHED_TOKENS: 512,
         "stepscope.gpu.sm_util": 87.5, "stepscope.host.rss_bytes": 123, "other": "x",
     }  # fmt: skip
     tracer.start_span(A.SPAN_STEP, attributes=attributes, start_time=1_000).end(end_time=5_001_000)
@@ -197,7 +197,7 @@ def test_steps_hold_engine_step_attributes_as_typed_columns(store):
         "prefix_hit_tokens": 32, "weight_dtype": "int8", "kv_dtype": "bfloat16", "chunked_prefill": 1,
         "max_num_seqs": 64, "gap_s": 0.002, "bytes_read": 5_000_000_000, "num_links": 0,
         "counters": {"stepscope.gpu.sm_util": 87.5, "stepscope.host.rss_bytes": 123.0},
-        "cpu_s": 0.004, "sample_every": 4,
+        "cpu_s": 0.004, "sample_every": 4, "max_num_batched_tokens": 512,
     }  # fmt: skip
 
 

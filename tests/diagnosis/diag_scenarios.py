@@ -63,6 +63,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=20, rate_rps=6.0, fault={"max_num_seqs": 2}),
         "batch_limit_low",
     ),
+    # The token budget cut under closed-loop demand: prompts are prefilled a few tokens a step while the
+    # running decodes take the rest, and the others wait.
+    "batch_limit_low_tokens": (
+        SimConfig(seed=23, clients=8, fault={"budget": 24}),
+        "batch_limit_low",
+    ),
     # The front end's loop busy 0.2 s per request at 4 requests/s: it saturates, requests wait before it.
     "frontend_bottleneck": (SimConfig(seed=21, fault={"frontend_cpu_s": 0.22}), "frontend_bottleneck"),
     # Sampled: 1-in-4 steps recorded, 25% of requests head-sampled, slow ones kept anyway.

@@ -221,6 +221,7 @@ class Simulator:
                     "prefix_hit_tokens": sum(s.cached for s, n in batch if s.computed == s.cached),
                     "chunked": c.chunked,
                     "max_num_seqs": c.max_num_seqs,
+                    "max_num_batched_tokens": c.budget,
                     "gap": start - prev_end if step_id else gap,
                     "bytes_read": WEIGHT_BYTES[c.weight_dtype] + 4096 * context,
                     "weight_dtype": c.weight_dtype,
@@ -450,6 +451,7 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
                 "kv_blocks_total",
                 "preemptions",
                 "max_num_seqs",
+                "max_num_batched_tokens",
                 "bytes_read",
                 "weight_dtype",
             )
