@@ -76,7 +76,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
     what = {
         "contention": "waiting for a core (contention): CPU time per step about as before",
-        "slower_compute": "each step's work got slower (clocks, thermals, device): CPU time per step up",
+        "slower_compute": "slower compute (clocks, thermals, device): CPU time per step up with the wall",
         "unknown": "no CPU time per step or host counters to tell contention from slower compute",
     }[how]
     evidence = [

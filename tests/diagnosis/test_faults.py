@@ -125,6 +125,7 @@ def test_admin_faults_endpoint_is_token_protected_and_validates(server: Server):
         "rpc_codec": "binary",
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
+        "frontend_cpu": 0,
     }
 
 
@@ -138,6 +139,7 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
         "rpc_codec": "slow:4",
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
+        "frontend_cpu": 0,
     }
     body = {"prompt": "hello", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
@@ -147,6 +149,7 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
         "rpc_codec": "binary",
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
+        "frontend_cpu": 0,
     }
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200
