@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from diagnosis import stats, unexplained
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
 from diagnosis.records import Diagnosis, Finding, NotEnoughData
-from diagnosis.regress import detect, slo, slo_met
+from diagnosis.regress import detect, num0, slo, slo_met
 from diagnosis.rules import RULE_CAUSES, RULES
 
 # Series the change point looks at when no baseline is given: symptoms (log scale) and the evidence that
@@ -138,7 +139,7 @@ def diagnose(
             elif isinstance(out, NotEnoughData):
                 lacking.append(out)
     findings.sort(key=lambda f: -f.confidence)
-    notes = []
+    notes = list(_untested(facts, cfg))
     if regressions and not findings:
         notes.append("symptoms regressed but no rule's evidence explains them")
         findings.append(unexplained.explain(facts))
@@ -153,6 +154,22 @@ def diagnose(
         data=_data(facts, span) | _histogram_percentiles(source, facts),
         notes=tuple(notes),
     )
+
+
+def _untested(facts: F.Facts, cfg: DiagnosisConfig) -> Iterator[str]:
+    """What the sample sizes left untested: a side with too few requests shows no regression, however
+    large the change, and the diagnosis says so rather than stay silent."""
+    n = min(num0(facts.req_baseline("requests")), num0(facts.req_current("requests")))
+    if n < cfg.min_requests_p50:
+        yield (
+            f"{n:.0f} requests on the smaller side: under the {cfg.min_requests_p50} a side needs, no "
+            f"latency percentile was tested; widen the window or give a baseline with more traffic"
+        )
+    elif n < cfg.min_requests_p99:
+        yield (
+            f"{n:.0f} requests on the smaller side: under the {cfg.min_requests_p99} a side needs, P99s and "
+            f"goodput were not tested (medians were)"
+        )
 
 
 def gather(

@@ -175,3 +175,12 @@ def test_the_onset_of_each_finding_lands_within_10_s(scenario_source: StoreReade
     for name in FAULTS:
         top = diagnose(scenario_source, window=whole(name)).findings[0]
         assert abs(top.onset - (placed(name).t0 + DURATION_S / 2)) <= 10, name
+
+
+def test_too_few_requests_a_side_is_said_not_passed_over(scenario_source: StoreReader) -> None:
+    cfg = placed("scheduler_stall")
+    mid = cfg.t0 + DURATION_S / 2
+    short = diagnose(scenario_source, window=TimeRange(mid, mid + 4), baseline=TimeRange(mid - 4, mid))
+    assert not short.regressions and "no latency percentile was tested" in " ".join(short.notes)
+    full = diagnose(scenario_source, window=whole("scheduler_stall"))
+    assert not any("was tested" in n or "were not tested" in n for n in full.notes)
