@@ -15,6 +15,7 @@ from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import best, make_finding, steps_missing, strength, ttft_share
 
 CAUSE = "batch_limit_low"
+WHAT = "the batch limits in force (max_num_seqs, max_num_batched_tokens)"  # what only step spans carry
 LEVER = (
     "Put max_num_seqs (and max_num_batched_tokens) back: at the knee of step time vs batch size with 20% "
     "headroom (`stepscope query step_time_by_batch` shows the curve; `stepscope bench` finds the knee)."
@@ -28,7 +29,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     time up, arrivals below `arrival_ratio`, KV usage P90 below `kv_full_share`. Share = the queue part of
     the TTFT change."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := steps_missing(facts, CAUSE, WHAT):
         return missing
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput")
     if not symptoms:

@@ -20,6 +20,7 @@ from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength, ttft_share
 
 CAUSE = "compute_slowdown"
+WHAT = "step time at equal batch size, the stepping thread's CPU time per step"  # what only step spans carry
 LEVER = (
     "Find what competes for the engine's cores or device: `top`/`pidstat` for other busy processes (pin "
     "the engine to dedicated cores with taskset/cpusets, isolate the GPU, move the neighbour); check CPU "
@@ -63,7 +64,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Equal-batch step time up by `equal_batch_ratio` with the configuration unchanged; share = the
     equal-batch part of the step-period change (TPOT), or prefill's part of the TTFT change."""
     cfg = facts.config
-    if missing := steps_missing(facts, CAUSE):
+    if missing := steps_missing(facts, CAUSE, WHAT):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
     split = facts.decomposition.get("step_period", {})
