@@ -37,6 +37,7 @@ COPY loadgen ./loadgen
 COPY diagnosis ./diagnosis
 COPY alerting ./alerting
 COPY dashboard ./dashboard
+COPY scenarios ./scenarios
 RUN pip install . \
     && useradd --create-home --uid 10001 stepscope \
     && mkdir -p /var/lib/stepscope /runs \
