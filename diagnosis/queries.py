@@ -203,6 +203,7 @@ SELECT {_SIDE},
        sum(seconds) AS seconds_scraped,
        avg(num_running) AS batch_mean,
        avg(num_waiting) AS waiting_mean,
+       avg(kv_usage) AS kv_usage_mean,
        {QUANTILE}(0.5)(kv_usage) AS kv_usage_p50,
        {QUANTILE}(0.9)(kv_usage) AS kv_usage_p90,
        sum(preemptions) AS preemptions,
@@ -468,6 +469,8 @@ _EVIDENCE_METRICS_COLUMNS: dict[str, str] = {
     "sum(prompt_tokens) / sum(seconds) AS prompt_tokens_per_s, avg(prefix_hit_rate) AS prefix_hit_rate",
     "queueing_overload": "avg(num_waiting) AS waiting_mean, avg(num_running) AS running_mean, "
     "max(max_num_seqs) AS max_num_seqs, sum(finished) / sum(seconds) AS finished_per_s",
+    "batch_limit_low": "avg(max_num_seqs) AS max_num_seqs, avg(num_running) AS running_mean, "
+    "avg(num_waiting) AS waiting_mean, avg(kv_usage) AS kv_usage",
 }
 EVIDENCE_METRICS: dict[str, str] = {
     cause: _EVIDENCE_HEAD.replace("{cols}", cols).replace("{table}", "engine_intervals")

@@ -2,7 +2,9 @@
 verbose): each request decodes for longer, more of them run at once, and end-to-end latency grows.
 
 Evidence: output tokens per request up, decode time and E2E up with the decode part explaining the E2E
-change, at flat arrivals and prompt lengths. Look-alikes: oversized_batch (the batch grows because the
+change, at flat arrivals and prompt lengths; where the engine's running batch is known (step spans, or
+scraped /metrics samples) it grew, or the queue did: requests that decode longer hold their slots longer.
+Look-alikes: oversized_batch (the batch grows because the
 limit was raised: here the limit is unchanged and the batch grows because requests stay longer),
 queueing_overload (arrivals up), long_prompts (prompt lengths up).
 """
@@ -24,7 +26,8 @@ LEVER = (
 
 def evaluate(facts: Facts) -> Finding | None:
     """Mean output tokens up by `long_output_ratio`, arrivals below `arrival_ratio`, prompt lengths within
-    `steady_prompt_ratio`, max_num_seqs not raised. Share = the decode part of the mean E2E change (and of
+    `steady_prompt_ratio`, max_num_seqs not raised; with engine evidence (steps or scraped samples) the
+    running batch or the waiting queue up. Share = the decode part of the mean E2E change (and of
     the TTFT change through the queue, when requests now wait for longer-running ones)."""
     cfg = facts.config
     symptoms = facts.regressed("e2e", "ttft", "tpot", "itl_max", "goodput", "throughput")
@@ -36,9 +39,12 @@ def evaluate(facts: Facts) -> Finding | None:
     lengths = facts.req_ratio("input_mean", 1.0)
     if not 1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio:
         return None
-    limit_b, limit_c = facts.step_pair("max_num_seqs_mean")
+    limit_b, limit_c = facts.engine_pair("max_num_seqs_mean")
     if limit_b > 0 and limit_c >= cfg.limit_raise_ratio * limit_b:
         return None  # the limit was raised: oversized_batch's evidence
+    (batch_b, batch_c), (wait_b, wait_c) = facts.engine_pair("batch_mean"), facts.engine_pair("waiting_mean")
+    if batch_b > 0 and not (batch_c > batch_b or wait_c > wait_b):
+        return None  # nothing stays longer in the engine: the answers are not what holds it up
     decode_b, decode_c = facts.req_pair("decode_mean")
     e2e_b, e2e_c = facts.req_pair("e2e_mean")
     shares = [math.nan]
@@ -61,10 +67,19 @@ def evaluate(facts: Facts) -> Finding | None:
             Evidence("tpot_s_mean", *facts.req_pair("tpot_mean")),
             Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),
             Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
-            Evidence("batch_size_mean", *facts.step_pair("batch_mean")),
-            Evidence("kv_usage_mean", *facts.step_pair("kv_usage_mean")),
+            Evidence("batch_size_mean", batch_b, batch_c),
+            Evidence("kv_usage_mean", *facts.engine_pair("kv_usage_mean")),
+            Evidence("waiting_requests_mean", wait_b, wait_c),
             Evidence("max_num_seqs", limit_b, limit_c),
         ],
         lever=LEVER,
-        summary=f"answers x{outputs:.2f} longer (mean output tokens) at flat arrivals and prompt lengths",
+        summary=_summary(facts, outputs, batch_b, batch_c),
     )
+
+
+def _summary(facts: Facts, outputs: float, batch_b: float, batch_c: float) -> str:
+    text = f"answers x{outputs:.2f} longer (mean output tokens) at flat arrivals and prompt lengths"
+    if facts.evidence_source() == "metrics" and batch_b > 0:
+        # The output lengths come from request spans; only the engine side is read from the scrape.
+        text += f"; running batch {batch_b:.1f} -> {batch_c:.1f} (scraped engine metrics)"
+    return text

@@ -85,6 +85,22 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=22, vllm=True, rate_rps=5.0, fault={"clock_factor": 1.8}),
         "unexplained",
     ),
+    # Request spans plus scraped samples: longer answers fill the running batch at an unchanged limit.
+    "vllm_long_outputs": (
+        SimConfig(seed=19, vllm=True, scrape_s=1.0, fault={"output_median": 200}),
+        "long_outputs",
+    ),
+    # The limit lowered, as the scraped stepscope:max_num_seqs shows; and the same on a page without it.
+    "vllm_batch_limit_low": (
+        SimConfig(seed=20, vllm=True, scrape_s=1.0, rate_rps=6.0, fault={"max_num_seqs": 2}),
+        "batch_limit_low",
+    ),
+    "vllm_batch_limit_low_unpublished": (
+        SimConfig(
+            seed=20, vllm=True, scrape_s=1.0, scrape_limit=False, rate_rps=6.0, fault={"max_num_seqs": 2}
+        ),
+        "unexplained",
+    ),
 }
 
 

@@ -39,6 +39,7 @@ class SimConfig:
     service: str = "engine"
     vllm: bool = False  # only gen_ai.* request attributes, no step spans
     scrape_s: float = 0.0  # > 0: the engine's /metrics (the vLLM names stepscope's engine serves) scraped
+    scrape_limit: bool = True  # the page publishes max_num_seqs (stepscope:max_num_seqs; vLLM's does not)
     # workload
     rate_rps: float = 4.0
     clients: int = 0  # > 0: closed loop with this many clients
@@ -499,8 +500,9 @@ def scraped(cfg: SimConfig, steps: list[dict[str, Any]]) -> list[list[Any]]:
                 "num_running": last["num_running"],
                 "num_waiting": last["num_waiting"],
                 "kv_usage": last["kv_blocks_used"] / last["kv_blocks_total"],
-                "max_num_seqs": last["max_num_seqs"],
             }
+            if cfg.scrape_limit:
+                gauges["max_num_seqs"] = last["max_num_seqs"]
             rows += [(ns, name, float(v), labels) for name, v in (gauges | totals).items()]
             rows.append((ns, "cache_config", 1.0, config))
         t += cfg.scrape_s
