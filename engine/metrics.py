@@ -1,7 +1,9 @@
 """Prometheus text exposition of the server's metrics, under vLLM's names so vLLM dashboards work.
 
-Latency histograms are measured in the front end (what a client sees); gauges and the cache and
-preemption counters come from the core's stats record, which arrives with every step's OUTPUTS.
+Latency histograms are measured in the front end (what a client sees), except the phase histograms
+(queue, prefill, decode), which take the core's timestamps of each request when it ends, as vLLM does;
+gauges and the cache and preemption counters come from the core's stats record, which arrives with every
+step's OUTPUTS.
 Hand-written text format 0.0.4: no client library, no global registry.
 """
 
@@ -12,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.protocol import EngineStats
+from engine.request import RequestTimings
 
 # vLLM's buckets, with finer ones below its smallest: a tiny model on a CPU steps in milliseconds.
 TTFT_BUCKETS_S = (
@@ -63,6 +66,10 @@ class ServerMetrics:
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.itl = Histogram(ITL_BUCKETS_S)
         self.e2e = Histogram(E2E_BUCKETS_S)
+        # vLLM's phase histograms share its request-latency buckets
+        self.queue = Histogram(E2E_BUCKETS_S)
+        self.prefill = Histogram(E2E_BUCKETS_S)
+        self.decode = Histogram(E2E_BUCKETS_S)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success: dict[str, int] = {}  # finished_reason -> requests
@@ -85,6 +92,17 @@ class ServerMetrics:
         self.success[reason] = self.success.get(reason, 0) + 1
         self.prompt_tokens += prompt_tokens
         self.generation_tokens += generation_tokens
+
+    def observe_phases(self, t: RequestTimings, kv_transfer_ns: int = 0) -> None:
+        """A finished request's phases from the core's clock: queue = first scheduled - arrival, prefill =
+        first token - first scheduled (less a disaggregated KV transfer, as on the request span), decode =
+        last token - first token. A phase the request never reached is not observed."""
+        if t.first_scheduled_ns:
+            self.queue.observe(max(t.first_scheduled_ns - t.arrival_ns, 0) / 1e9)
+        if t.first_scheduled_ns and t.first_token_ns:
+            prefill_ns = t.first_token_ns - t.first_scheduled_ns
+            self.prefill.observe(max(prefill_ns - min(kv_transfer_ns, prefill_ns), 0) / 1e9)
+            self.decode.observe(max(t.last_token_ns - t.first_token_ns, 0) / 1e9)
 
     def count_rejected(self, status: int) -> None:
         key = str(status)
@@ -132,6 +150,9 @@ class ServerMetrics:
             ("vllm:time_to_first_token_seconds", self.ttft, "Time to first token, seen by the server."),
             ("vllm:inter_token_latency_seconds", self.itl, "Time between output tokens."),
             ("vllm:e2e_request_latency_seconds", self.e2e, "Request latency from arrival to last token."),
+            ("vllm:request_queue_time_seconds", self.queue, "Time waiting, per finished request."),
+            ("vllm:request_prefill_time_seconds", self.prefill, "Time in prefill, per finished request."),
+            ("vllm:request_decode_time_seconds", self.decode, "Time in decode, per finished request."),
         ):
             metric(name, "histogram", help_text, hist.lines(name, lb))
         # vLLM's cache configuration as an info metric; num_gpu_blocks is the pool now (it can be resized)

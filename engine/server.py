@@ -43,7 +43,7 @@ from engine.openai_protocol import (
     sse,
     usage,
 )
-from engine.request import EngineRequest
+from engine.request import EngineRequest, RequestTimings
 from engine.tokenizer import IncrementalDetokenizer, get_tokenizer
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
@@ -79,6 +79,7 @@ class _Tally:
     error: str | None = None
     rpc_delay: RpcDelay | None = None  # core produced a token -> front end received it
     output_queue: OutputQueue | None = None  # the client's queue for this request
+    timings: RequestTimings | None = None  # the core's timestamps, as of the latest output
 
 
 class OpenAIServer:
@@ -333,6 +334,7 @@ class OpenAIServer:
                     last = now
                 tally.completion_tokens += len(out.new_token_ids)
                 tally.cached_tokens = out.num_cached_tokens
+                tally.timings = out.timings
                 text = stops.push(detok.push(out.new_token_ids))
                 if not stops.stopped and out.finished:
                     text += stops.push(detok.flush())
@@ -354,12 +356,14 @@ class OpenAIServer:
             self.client.abort(req_id)  # frees its KV blocks at the core's next step
             tally.finish_reason = tally.finish_reason or "abort"
         self.metrics.e2e.observe(time.monotonic() - tally.arrival)
+        queue = tally.output_queue
+        if tally.timings is not None:
+            self.metrics.observe_phases(tally.timings, queue.kv_transfer_ns if queue is not None else 0)
         reason = tally.finish_reason or "abort"
         self.metrics.count_finished(reason, tally.prompt_tokens, tally.completion_tokens)
         if tally.trace is not None:
             if tally.rpc_delay is not None and tally.rpc_delay.count:
                 tally.trace.span.set_attributes(_rpc_attributes(tally.rpc_delay))
-            queue = tally.output_queue
             tally.trace.kv_transfer_ns = queue.kv_transfer_ns if queue is not None else 0
             tally.trace.loop_lag_s = self.loop_lag.worst_since(tally.trace.arrival_ns)
             self.telemetry.finish(tally.trace, reason, tally.error)

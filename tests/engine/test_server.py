@@ -291,11 +291,25 @@ def test_metrics_are_prometheus_text_with_vllm_names(server, client):
         "stepscope:kv_blocks_used",
     ):
         assert name + lbl in m
-    for hist in ("time_to_first_token", "inter_token_latency", "e2e_request_latency"):
+    for hist in (
+        "time_to_first_token",
+        "inter_token_latency",
+        "e2e_request_latency",
+        "request_queue_time",
+        "request_prefill_time",
+        "request_decode_time",
+    ):
         name = f"vllm:{hist}_seconds"
         assert m[name + "_count" + lbl] >= before.get(name + "_count" + lbl, 0) + 1
         assert m[name + '_bucket{model_name="tiny",le="+Inf"}'] == m[name + "_count" + lbl]
     assert m["vllm:generation_tokens_total" + lbl] == before["vllm:generation_tokens_total" + lbl] + 3
+
+    # the phases of one request add up to no more than its end-to-end latency
+    def grew(name: str) -> float:
+        return m[name + lbl] - before.get(name + lbl, 0)
+
+    phases = sum(grew(f"vllm:request_{p}_time_seconds_sum") for p in ("queue", "prefill", "decode"))
+    assert 0 < phases <= grew("vllm:e2e_request_latency_seconds_sum")
     assert m["vllm:prompt_tokens_total" + lbl] > before["vllm:prompt_tokens_total" + lbl]
     assert any(
         k.startswith('vllm:request_success_total{model_name="tiny",finished_reason="length"') for k in m
