@@ -49,6 +49,22 @@ def _where(rule: Rule, since: float, until: float) -> tuple[str, dict[str, Any]]
     return " WHERE " + " AND ".join(conditions), params
 
 
+def groups(rule: Rule, source: QuerySource, now: float) -> list[tuple[str, str]]:
+    """(key, value) of each group of a `group_by` rule with requests in its lookback window."""
+    out = []
+    for key in rule.group_by:
+        lookback = max((w.long_s for w in rule.burn), default=rule.window_s)
+        where, params = _where(rule, now - lookback, now)
+        rows = source.query(
+            f"SELECT DISTINCT {_GROUP_COLUMN[key]} FROM requests{where} ORDER BY 1", params
+        ).rows
+        out += [(key, str(r[0])) for r in rows]
+    return out
+
+
+_GROUP_COLUMN = {"instance": "instance", "service": "service"}
+
+
 def _num(value: Any) -> float | None:
     if value is None:
         return None

@@ -12,6 +12,7 @@
     window = "1m"
     for = "20s"
     severity = "page"
+    group_by = ["instance"]        # one alert per instance (labelled instance=...); none: the whole fleet
 
     [[rule]]                       # an SLO burn-rate rule: 99% of requests with TTFT under 2 s
     name = "ttft-slo"
@@ -25,6 +26,7 @@ Every error is a `RuleError` whose message names the file, the rule and the fiel
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import tomllib
@@ -45,7 +47,7 @@ _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RULE_KEYS = {
     "name", "metric", "type", "percentile", "threshold", "window", "for", "severity", "hysteresis",
     "min_requests", "objective", "burn", "slo_ttft", "slo_tpot", "labels", "annotations", "summary", "source",
-    *FILTERS,
+    "group_by", *FILTERS,
 }  # fmt: skip
 _NOTIFY_KEYS = {"webhook", "interval", "timeout", "max_attempts", "diagnosis_timeout", "headers"}
 
@@ -98,6 +100,15 @@ class Rule:
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     source: str = "spans"  # spans: the requests table; metrics: engines' scraped latency histograms
+    group_by: tuple[str, ...] = ()  # ("instance",): evaluated once per instance seen in the window
+    alertname: str = ""  # a grouped rule's per-instance copy: the rule's own name (`name` is NAME/INSTANCE)
+
+    def for_group(self, key: str, value: str) -> Rule:
+        """The copy of a grouped rule that watches one instance (its state is kept apart by name)."""
+        return dataclasses.replace(
+            self, name=f"{self.name}/{value}", alertname=self.name, group_by=(),
+            filters=(*self.filters, (key, value)),
+        )  # fmt: skip
 
     @property
     def above(self) -> bool:
@@ -341,6 +352,16 @@ def _rule(raw: Any, where: str, source: str) -> Rule:
                 "source", "scraped samples carry service and instance only: drop model and role filters"
             )
     args["source"] = source_kind
+    group_by = raw.get("group_by", [])
+    if (
+        not isinstance(group_by, list)
+        or len(group_by) > 1
+        or not all(g in ("instance", "service") for g in group_by)
+    ):
+        raise bad("group_by", 'must be ["instance"] or ["service"]')
+    if any(g in raw for g in group_by):
+        raise bad("group_by", "a rule cannot both filter on and group by the same key")
+    args["group_by"] = tuple(group_by)
     for key in ("labels", "annotations"):
         table = raw.get(key, {})
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):

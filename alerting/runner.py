@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from alerting import enrich
 from alerting.evaluator import FIRING, AlertState, Observation, Transition, step
 from alerting.notify import WebhookSender, alertmanager_payload
-from alerting.queries import QuerySource, observe
+from alerting.queries import QuerySource, groups, observe
 from alerting.rules import Rule, RuleSet, fmt_value
 
 log = logging.getLogger("alerting")
@@ -96,7 +96,7 @@ class AlertRunner:
                 headers=dict(notify.headers),
             )
         self.sender = sender
-        self.states = {r.name: AlertState(r.name) for r in ruleset.rules}
+        self.states = {r.name: AlertState(r.name) for r in ruleset.rules if not r.group_by}
         self.observations: dict[str, Observation] = {}
         self.rounds = 0
         self._firing_annotations: dict[str, dict[str, str]] = {}
@@ -145,20 +145,38 @@ class AlertRunner:
         """Observe every rule at `now` (default: the clock), advance the states, dispatch transitions."""
         now = time.time() if now is None else now
         transitions = []
-        for rule in self.ruleset.rules:
+        for rule in self._expanded(now):
             try:
                 obs = observe(rule, self.source, now)
             except Exception as e:  # store down or slow: skip this rule this round, keep the state
                 log.warning("alert rule %s: cannot evaluate: %s", rule.name, e)
                 continue
             self.observations[rule.name] = obs
-            state, transition = step(rule, self.states[rule.name], obs, now)
+            state, transition = step(rule, self.states.setdefault(rule.name, AlertState(rule.name)), obs, now)
             self.states[rule.name] = state
             if transition is not None:
                 transitions.append(transition)
                 self._dispatch(rule, transition, obs)
         self.rounds += 1
         return transitions
+
+    def _expanded(self, now: float) -> list[Rule]:
+        """The rules, a grouped one as one copy per group seen in its window, and per group it watched
+        before (so that a group that went quiet still resolves)."""
+        out = []
+        for rule in self.ruleset.rules:
+            if not rule.group_by:
+                out.append(rule)
+                continue
+            try:
+                seen = groups(rule, self.source, now)
+            except Exception as e:
+                log.warning("alert rule %s: cannot list its groups: %s", rule.name, e)
+                continue
+            known = [n.split("/", 1)[1] for n in self.states if n.startswith(rule.name + "/")]
+            values = dict.fromkeys([v for _, v in seen] + known)
+            out += [rule.for_group(rule.group_by[0], v) for v in values]
+        return out
 
     def _dispatch(self, rule: Rule, t: Transition, obs: Observation) -> None:
         value = "no data" if t.value is None else fmt_value(rule, t.value)
@@ -221,14 +239,15 @@ class AlertRunner:
 
     def labels(self, rule: Rule) -> dict[str, str]:
         """Alertmanager labels: alertname, severity, metric, the rule's filters and its own labels."""
-        return {"alertname": rule.name, "severity": rule.severity, "metric": rule.metric,
+        return {"alertname": rule.alertname or rule.name, "severity": rule.severity, "metric": rule.metric,
                 **dict(rule.filters), **dict(rule.labels)}  # fmt: skip
 
     def restore(self, rows: list[list[Any]]) -> None:
         """Take up firing alerts from history rows `[rule, state, active_at, time]` (latest per rule), so a
         restarted collector neither fires them again nor forgets to resolve them."""
+        grouped = tuple(r.name + "/" for r in self.ruleset.rules if r.group_by)
         for name, state, active_at, at in rows:
-            if name in self.states and state == FIRING:
+            if (name in self.states or name.startswith(grouped or ("\0",))) and state == FIRING:
                 self.states[name] = AlertState(name, FIRING, _epoch(active_at), _epoch(at))
                 log.info("alert %s: still firing since %s (from history)", name, active_at)
 

@@ -1,9 +1,11 @@
-"""How long does `diagnose()` take on a big window? 1M requests and 10M engine steps (16 instances, one hour)
+"""How long does `diagnose()` take on a big window? 1M requests and 10M engine steps (16 instances, or
+`--instances N`, one hour)
 are synthesized by ClickHouse itself (INSERT ... SELECT FROM numbers(), straight into `requests` and
 `steps`) in an embedded chDB store, with a prefix-cache-miss fault from the middle on; then the window is
 diagnosed without a baseline (change point, every query, every rule). Target: `seconds` <= 5.
 
-    .venv/bin/python benchmarks/diagnosis_latency.py [--requests N] [--steps N] [--runs 3] [--dir DIR]
+    .venv/bin/python benchmarks/diagnosis_latency.py [--requests N] [--steps N] [--instances 16] [--runs 3]
+                                                     [--dir DIR]
 
 `--dir DIR` keeps the store (and reuses it when it already holds rows: no second insert). Prints a one-line
 summary, then JSON as the last line: requests, step_rows, seconds (the diagnosis's wall time, best of
@@ -11,7 +13,8 @@ summary, then JSON as the last line: requests, step_rows, seconds (the diagnosis
 does not depend on what else the machine runs), the per-run lists, `phases` (wall and CPU seconds per query
 of the run with the least CPU, by its name in diagnosis/queries.py, plus `python`: everything between the
 queries), load_avg_1m (the machine's load when the runs ended), steps_parts, insert_seconds (the insert and
-its merges are waited for before the runs: they run in this process), top_cause.
+its merges are waited for before the runs: they run in this process), top_cause, fleet_seconds (the
+instance comparison's queries: at 256 instances against 16, what localization costs as a fleet grows).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ INSERT INTO requests (time, end_time, trace_id, span_id, service, instance, role
     cached_tokens, prefix_key, finish_reason, rpc_delay_s, rpc_delay_max_s)
 SELECT t, t + toIntervalMillisecond(toInt64(e2e * 1000)),
        hex(cityHash64(number, 9)), hex(cityHash64(number, 8)),
-       'engine', concat('engine-', toString(number % 16)), 'colocated', 'small', toString(number),
+       'engine', concat('engine-', toString(number % {{instances:UInt64}})), 'colocated', 'small',
+       toString(number),
        queue + prefill + 0.001, tpot, tpot * 3, queue + prefill + 0.001 + tpot * 63, queue, prefill, 0,
        tpot * 63, 480, 64, if(miss, 0, 448), if(miss, hex(number), 'sys0'), 'length', 0.0004, 0.002
 FROM (
@@ -60,7 +64,8 @@ INSERT INTO steps (time, duration_s, service, instance, role, model, step_id, nu
     weight_dtype, kv_dtype, chunked_prefill, max_num_seqs, gap_s, bytes_read)
 SELECT fromUnixTimestamp64Nano(toInt64({T0}e9 + number * ({SPAN_S}e9 / {{n:UInt64}}))),
        (0.0065 + 0.0012 * batch + 0.00012 * prefill) * (0.85 + 0.3 * {_U.format(k=5)}),
-       'engine', concat('engine-', toString(number % 16)), 'colocated', 'small', intDiv(number, 16), batch, 0,
+       'engine', concat('engine-', toString(number % {{instances:UInt64}})), 'colocated', 'small',
+       intDiv(number, 16), batch, 0,
        batch, prefill, batch, 20 * batch, 4096 - 20 * batch, 4096, 0, 'int8', 'fp32', 1, 16,
        0.0004 * (0.5 + {_U.format(k=6)}), 34000000 + 4096 * 300 * batch
 FROM (
@@ -117,6 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=10_000_000)
+    parser.add_argument("--instances", type=int, default=16, help="the rows spread over this many instances")
     parser.add_argument("--runs", type=int, default=3, help="diagnoses of the same store; best is reported")
     parser.add_argument("--dir", help="chDB directory, kept (default: a temporary one, removed after)")
     args = parser.parse_args()
@@ -126,8 +132,8 @@ def main() -> None:
         with Store.open(f"chdb://{path}") as store:
             if not store.query("SELECT count() FROM requests").rows[0][0]:
                 start = time.perf_counter()
-                store.command(REQUESTS, {"n": args.requests})
-                store.command(STEPS, {"n": args.steps})
+                store.command(REQUESTS, {"n": args.requests, "instances": args.instances})
+                store.command(STEPS, {"n": args.steps, "instances": args.instances})
                 insert_s = time.perf_counter() - start
             settle(store)
             counts = store.query(
@@ -142,6 +148,7 @@ def main() -> None:
     _, cpu_seconds, phases, result = min(runs, key=lambda r: r[1])
     top = result.findings[0].cause if result.findings else None
     out = {
+        "instances": args.instances,
         "requests": int(counts[0]),
         "step_rows": int(counts[1]),
         "seconds": round(seconds, 3),
@@ -149,6 +156,8 @@ def main() -> None:
         "seconds_runs": [round(r[0], 3) for r in runs],
         "cpu_seconds_runs": [round(r[1], 3) for r in runs],
         "phases": phases,
+        # comparing instances over the two windows (diagnosis/fleet.py): its queries' wall seconds
+        "fleet_seconds": round(sum(phases.get(k, [0.0])[0] for k in ("INSTANCE_SIDES", "PEER_STEPS")), 3),
         "load_avg_1m": round(os.getloadavg()[0], 1),
         "steps_parts": int(counts[2]),
         "insert_seconds": round(insert_s, 1),

@@ -20,6 +20,7 @@ PAGES = (
     ("findings.py", "Findings", ":material/troubleshoot:", "findings"),
     ("request_traces.py", "Requests", ":material/timeline:", "requests"),
     ("engine_steps.py", "Engine", ":material/memory:", "engine"),
+    ("instances.py", "Instances", ":material/dns:", "instances"),
     ("capacity.py", "Capacity", ":material/speed:", "capacity"),
     ("gpu.py", "GPU", ":material/developer_board:", "gpu"),
 )

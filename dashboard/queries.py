@@ -137,3 +137,25 @@ FROM alerts GROUP BY rule ORDER BY rule
 
 # Findings page: does a baseline hold any requests
 COUNT_IN_RANGE = f"SELECT count() AS requests FROM requests WHERE {_RANGE}"
+
+# Instances page: per instance over the range (requests' symptoms and cache reuse; steps' load and time)
+INSTANCE_SUMMARY = f"""
+SELECT instance, count() AS requests,
+       quantileExact(0.99)(ttft_s) * 1000 AS p99_ttft_ms, quantileExact(0.99)(tpot_s) * 1000 AS p99_tpot_ms,
+       sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share, avg(queue_s) * 1000 AS queue_ms
+FROM requests WHERE {_RANGE} GROUP BY instance ORDER BY instance
+"""
+
+# Instances page: per bucket and instance
+INSTANCE_SERIES = f"""
+SELECT {_BUCKET} AS bucket, instance,
+       quantileExact(0.99)(ttft_s) * 1000 AS p99_ttft_ms, quantileExact(0.99)(tpot_s) * 1000 AS p99_tpot_ms,
+       count() / {{interval_s:UInt32}} AS requests_per_s,
+       sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share
+FROM requests WHERE {_RANGE} GROUP BY bucket, instance ORDER BY bucket, instance
+"""
+INSTANCE_STEP_SERIES = f"""
+SELECT {_BUCKET} AS bucket, instance, avg(duration_s) * 1000 AS step_ms,
+       avg(batch_size + num_waiting) AS load
+FROM steps WHERE {_RANGE} GROUP BY bucket, instance ORDER BY bucket, instance
+"""

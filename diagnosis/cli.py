@@ -15,6 +15,7 @@ import time
 
 from collector.client import Reader, ReadError, open_reader
 from collector.timerange import TimeRange, parse_time
+from diagnosis.fleet import scoped
 from diagnosis.pipeline import diagnose
 from diagnosis.render import FORMATS, render
 from stepscope.cli import UsageError
@@ -27,6 +28,13 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="store DSN: chdb:///dir or http://user:pass@host:8123/db")
     parser.add_argument("--api", help="a running collector's URL, e.g. http://127.0.0.1:4318")
     parser.add_argument("--token", default=os.environ.get("STEPSCOPE_TOKEN"), help="the collector's token")
+    parser.add_argument(
+        "--service", action="append", metavar="NAME", help="only these services (repeat or comma-separate)"
+    )
+    parser.add_argument(
+        "--instance", action="append", metavar="ID",
+        help="only these instances (service.instance.id; repeat or comma-separate)",
+    )  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +73,14 @@ def open_from_args(args: argparse.Namespace) -> Reader:
     if path and path not in ("memory", ":memory:") and not os.path.isdir(os.path.expanduser(path)):
         raise UsageError(f"no store at {args.store}")
     try:
-        return open_reader(store=args.store, url=args.api, token=args.token)
+        source = open_reader(store=args.store, url=args.api, token=args.token)
     except (ValueError, ReadError) as e:
         raise UsageError(str(e)) from None
+    return scoped(source, _names(getattr(args, "service", None)), _names(getattr(args, "instance", None)))
+
+
+def _names(given: list[str] | None) -> list[str]:
+    return [n.strip() for item in given or [] for n in item.split(",") if n.strip()]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -126,6 +126,27 @@ class DiagnosisConfig:
     # TTFT itself up by this much (absolute), not only more arrivals.
     queue_share_increase: float = 0.1
 
+    # --- fleets (diagnosis/fleet.py) ------------------------------------------------------------------
+    # A subset is named when it holds 70% of the regression (current requests x the rise of the symptom's
+    # mean over each instance's own baseline) and its lowest log-ratio is 2.5x the highest among the rest,
+    # counted as at least log(1.1) (noise): a replica with busy threads in its core rose x1.75 in TPOT
+    # while its two peers rose x1.03 and x1.13 on the same cores (a real 3-replica run); logs, because a
+    # stall on every replica of a generated fleet raised their TTFT means x2 to x5.
+    localize_share: float = 0.7
+    localize_lift_gap: float = 2.5
+    localize_min_lift: float = 0.1
+    localize_min_requests: int = 10  # fewer baseline requests: the instance is compared with the fleet's
+    # An instance that served in the baseline is lost when its current request rate is a tenth or less.
+    lost_instance_share: float = 0.1
+    # routing_imbalance: one instance's share of requests up 1.5x and by 15 points at fleet arrivals within
+    # 1.3x (a shift of traffic, not more of it).
+    imbalance_share_ratio: float = 1.5
+    imbalance_min_share_increase: float = 0.15
+    imbalance_fleet_rate_ratio: float = 1.3
+    # cache_affinity_lost: each shared prefix lands on 1.5x the instances while the fleet's distinct keys
+    # per request stay within steady_prompt_ratio (the same prompts, scattered).
+    affinity_keys_ratio: float = 1.5
+
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
             raise ValueError("alpha must be in (0, 1)")

@@ -61,6 +61,7 @@ class Facts:
     series: Series
     config: DiagnosisConfig
     regressions: tuple[Regression, ...] = ()
+    fleet: Any = None  # diagnosis.fleet.Localization: the instances compared over the same windows
     decomposition: dict[str, Any] = field(default_factory=dict)
     engine: tuple[dict[str, float], dict[str, float]] | None = None
 

@@ -16,7 +16,8 @@ from diagnosis import facts as F
 from diagnosis import stats, unexplained
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
-from diagnosis.records import Diagnosis, Finding, NotEnoughData
+from diagnosis.fleet import Localization, ScopedReader, localize, peer_step_ratio
+from diagnosis.records import Diagnosis, Evidence, Finding, NotEnoughData
 from diagnosis.regress import detect, num0, slo, slo_met
 from diagnosis.rules import RULE_CAUSES, RULES
 
@@ -127,15 +128,18 @@ def diagnose(
     facts = gather(source, baseline, current, series, cfg, intervals)
     regressions = tuple(detect(facts))
     facts = dataclasses.replace(facts, regressions=regressions, decomposition=decompose(facts))
+    loc = localize(source, facts)
+    facts = dataclasses.replace(facts, fleet=loc)
+    scope_facts = _scope_facts(source, facts, loc, span, cfg) if loc.kind == "instances" else facts
     findings: list[Finding] = []
     lacking: list[NotEnoughData] = []
-    if regressions:
+    if regressions or loc.lost:
         for rule in RULES:
             if rule.CAUSE in without_rules:
                 continue
-            out = rule.evaluate(facts)
+            out = rule.evaluate(scope_facts)
             if isinstance(out, Finding):
-                findings.append(out)
+                findings.append(_scoped(out, loc, source, facts))
             elif isinstance(out, NotEnoughData):
                 lacking.append(out)
     findings.sort(key=lambda f: -f.confidence)
@@ -170,6 +174,38 @@ def _untested(facts: F.Facts, cfg: DiagnosisConfig) -> Iterator[str]:
             f"{n:.0f} requests on the smaller side: under the {cfg.min_requests_p99} a side needs, P99s and "
             f"goodput were not tested (medians were)"
         )
+
+
+def _scope_facts(
+    source: Reader, facts: F.Facts, loc: Localization, span: TimeRange, cfg: DiagnosisConfig
+) -> F.Facts:
+    """The rules' facts on the localized instances: the same two windows, their rows alone, compared
+    with their own baseline (the fleet's facts when the subset shows no regression of its own)."""
+    sub = ScopedReader(source, instances=list(loc.instances))
+    series = F.series(sub, span, facts.series.interval_s)
+    sub_facts = gather(sub, facts.baseline, facts.window, series, cfg)
+    regressions = tuple(detect(sub_facts))
+    if not regressions:
+        return facts
+    sub_facts = dataclasses.replace(sub_facts, regressions=regressions, fleet=loc)
+    return dataclasses.replace(sub_facts, decomposition=decompose(sub_facts))
+
+
+def _scoped(finding: Finding, loc: Localization, source: Reader, facts: F.Facts) -> Finding:
+    """The finding with its scope; on a subset, with its step time against its healthy peers' at equal
+    batch size in the same window."""
+    if finding.scope is not None:
+        return finding
+    if loc.kind != "instances":
+        return dataclasses.replace(finding, scope=loc.scope())
+    ratio = peer_step_ratio(source, facts.window, loc.instances)
+    if not math.isfinite(ratio):
+        return dataclasses.replace(finding, scope=loc.scope())
+    summary = finding.summary
+    if not 1 / facts.config.min_ratio_p99 < ratio < facts.config.min_ratio_p99:  # worth saying
+        summary += f"; {', '.join(loc.instances)}'s step time at equal batch is {ratio:.1f}x its peers'"
+    evidence = (*finding.evidence, Evidence("step_time_vs_peers_at_equal_batch", 1.0, ratio))
+    return dataclasses.replace(finding, scope=loc.scope(), summary=summary, evidence=evidence)
 
 
 def gather(

@@ -289,6 +289,60 @@ ORDER BY side, cityHash64(span_id)
 LIMIT {{n:UInt32}} BY side
 """
 
+# --- fleets (diagnosis/fleet.py) -------------------------------------------------------------------
+# Per instance and side: load, the symptoms' means, cache reuse and distinct prefixes.
+INSTANCE_SIDES = f"""
+SELECT instance, {_SIDE},
+       count() AS requests,
+       sum(is_error) AS errors,
+       avg(ttft_s) AS ttft_mean,
+       avg(tpot_s) AS tpot_mean,
+       avg(e2e_s) AS e2e_mean,
+       avg(queue_s) AS queue_mean,
+       sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
+       uniqIf(prefix_key, prefix_key != '') AS prefix_keys,
+       avg(input_tokens) AS input_mean
+FROM requests
+WHERE {_SIDES_WHERE}
+GROUP BY instance, side
+ORDER BY instance, side
+"""
+
+# Per side: on how many instances each shared prompt prefix (a first-block key seen twice or more) landed,
+# on average. Routed by prefix, a prefix stays on one replica (more when the load bound spills it); scattered,
+# it lands on every replica: each one sees more distinct prefixes at unchanged prompts.
+SHARED_PREFIX_SPREAD = f"""
+SELECT side, avg(instances) AS instances_per_prefix, count() AS shared_prefixes
+FROM (
+    SELECT {_SIDE}, prefix_key, uniqExact(instance) AS instances, count() AS n
+    FROM requests
+    WHERE {_SIDES_WHERE} AND prefix_key != ''
+    GROUP BY side, prefix_key
+    HAVING n >= 2
+)
+GROUP BY side
+ORDER BY side
+"""
+
+# Decode-only step time by batch size in the current window, the given instances against the others:
+# the same batch size on healthy peers in the same window is the comparison that needs no baseline.
+PEER_STEPS = f"""
+SELECT has({{subset:Array(String)}}, instance) AS in_subset, batch_size,
+       count() AS steps, avg(duration_s) AS duration_mean
+FROM steps
+WHERE {_CURRENT} AND decode_tokens > 0 AND prefill_tokens = 0
+GROUP BY in_subset, batch_size
+ORDER BY in_subset, batch_size
+"""
+
+# The service / instance filter of `--service` / `--instance`: each read of `requests` or `steps` becomes a
+# read of its filtered rows (an empty list keeps every row).
+SCOPED_TABLE = (
+    "(SELECT * FROM {table} WHERE (empty({scope_services:Array(String)}) "
+    "OR service IN {scope_services:Array(String)}) AND (empty({scope_instances:Array(String)}) "
+    "OR instance IN {scope_instances:Array(String)})) AS {table}"
+)
+
 # --- the named-query library (`stepscope query`) --------------------------------------------------------
 _WINDOW = _IN % ("w0", "w1")
 
@@ -378,6 +432,20 @@ _EVIDENCE_HEAD = (
     "GROUP BY t ORDER BY t"
 )
 _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
+    "routing_imbalance": (
+        "requests",
+        "count() AS requests, uniq(instance) AS instances, max(queue_s) AS queue_max, "
+        "avg(queue_s) AS queue_mean",
+    ),
+    "cache_affinity_lost": (
+        "requests",
+        "sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share, "
+        "uniq(instance, prefix_key) AS instance_prefix_keys, uniq(prefix_key) AS prefix_keys",
+    ),
+    "lost_capacity": (
+        "requests",
+        "count() AS requests, uniq(instance) AS instances, sum(is_error) AS errors",
+    ),
     "prefix_cache_miss": (
         "requests",
         "count() AS requests, sum(cached_tokens) / sum(input_tokens) AS cached_share, "
@@ -505,6 +573,13 @@ def render(sql: str, params: dict[str, object]) -> str:
             if not isinstance(value, str):
                 raise ValueError(f"parameter {name!r} must be a string, got {value!r}")
             return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        if kind == "Array(String)":
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"parameter {name!r} must be a list of strings, got {value!r}")
+            return "[" + ", ".join(literal_string(v) for v in value) + "]"
         raise ValueError(f"cannot render parameter type {kind!r}")
 
-    return re.sub(r"\{(\w+):(\w+)\}", literal, sql)
+    def literal_string(value: str) -> str:
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return re.sub(r"\{(\w+):(\w+(?:\(String\))?)\}", literal, sql)

@@ -85,11 +85,14 @@ class Finding:
     sql: str
     summary: str = ""
     share_explained: float | None = None
+    # {"kind": "fleet" | "instances", "instances": [...], "share_of_regression": x} (diagnosis/fleet.py)
+    scope: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return clean(
             {
                 "cause": self.cause,
+                "scope": self.scope,
                 "symptoms": list(self.symptoms),
                 "confidence": round(self.confidence, 3),
                 "onset": None if self.onset is None else round(self.onset, 3),

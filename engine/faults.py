@@ -19,6 +19,11 @@ generator) or a runtime knob (`/admin/limits`), see docs/faults.md.
 - `frontend_cpu` (the front end, not the core): the API server tokenizes each prompt that many extra
   times on its event loop, as a slow tokenizer or heavy request parsing would: the loop gets busy, new
   requests wait in the front end before reaching the core's queue, and the loop's lag grows.
+- `busy_threads`: that many threads in the core process spin in Python for 10 ms, sleep 10 ms, over and
+  over: a noisy neighbour inside the process (a metrics scraper, a leaked background task) that takes the
+  interpreter and a core from the step loop. Steps take longer at the same batch size while the stepping
+  thread's own CPU time per step stays put; the other replicas of a fleet are not touched (the fleet's
+  `replica_slow`, docs/fleet.md).
 
 `FaultSettings` is the whole fault state; the admin API sets it in one go (`{}` clears every fault).
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import asdict, dataclass
 
 from engine.protocol import get_codec
@@ -35,6 +41,8 @@ MAX_STALL_MS = 10_000.0  # longer than this is not a stall but a hang; refuse it
 STALL_PERIOD_S = (0.10, 0.25)  # how often the stalling thread grabs the lock (uniform, seeded)
 MAX_KV_MBPS = 1e6  # MB/s; 0 means unthrottled
 MAX_FRONTEND_CPU = 1_000_000  # extra tokenizations of each prompt
+MAX_BUSY_THREADS = 64
+BUSY_DUTY_S = (0.010, 0.010)  # a busy thread spins this long, then sleeps this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,7 @@ class FaultSettings:
     kv_transfer_mbps: float = 0.0  # disaggregated: KV link throttled to this many MB/s (10^6 B/s); 0: off
     weight_quant_off: bool = False  # an int8-weight engine serves full-precision weights
     frontend_cpu: int = 0  # the front end tokenizes each prompt this many extra times on its event loop
+    busy_threads: int = 0  # threads spinning in the core process half the time (a noisy neighbour)
 
     def __post_init__(self) -> None:
         stall = self.scheduler_stall_ms
@@ -60,6 +69,9 @@ class FaultSettings:
         k = self.frontend_cpu
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_FRONTEND_CPU:
             raise ValueError(f"frontend_cpu must be an integer in [0, {MAX_FRONTEND_CPU}], got {k!r}")
+        n = self.busy_threads
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BUSY_THREADS:
+            raise ValueError(f"busy_threads must be an integer in [0, {MAX_BUSY_THREADS}], got {n!r}")
         if not isinstance(self.weight_quant_off, bool):
             raise ValueError(f"weight_quant_off must be true or false, got {self.weight_quant_off!r}")
 
@@ -120,11 +132,47 @@ class SchedulerStall:
                 stop.wait(hold_s)
 
 
+class BusyThreads:
+    """The busy_threads fault: threads that spin and sleep in turn until stopped."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def set(self, count: int) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=_spin, args=(self._stop,), name=f"stepscope-busy-{i}", daemon=True)
+            for i in range(count)
+        ]
+        for t in self._threads:
+            t.start()
+        self.count = count
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self._threads, self.count = [], 0
+
+
+def _spin(stop: threading.Event) -> None:
+    spin_s, sleep_s = BUSY_DUTY_S
+    while not stop.is_set():
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end:
+            pass
+        stop.wait(sleep_s)
+
+
 class EngineFaults:
     """The core process's faults. `apply(settings, channel)` switches them all; returns the settings."""
 
     def __init__(self, seed: int = 0) -> None:
         self.stall = SchedulerStall(seed)
+        self.busy = BusyThreads()
         self.settings = FaultSettings()
 
     @property
@@ -141,6 +189,8 @@ class EngineFaults:
             core.set_weights_full_precision(settings.weight_quant_off)  # type: ignore[attr-defined]
         if settings.scheduler_stall_ms != self.stall.stall_ms:
             self.stall.set(settings.scheduler_stall_ms)
+        if settings.busy_threads != self.busy.count:
+            self.busy.set(settings.busy_threads)
         if channel is not None:
             channel.codec = get_codec(settings.rpc_codec)  # type: ignore[attr-defined]
         self.settings = settings
@@ -149,3 +199,4 @@ class EngineFaults:
     def close(self) -> None:
         """Stop every fault thread."""
         self.stall.stop()
+        self.busy.stop()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from engine.config import PRESETS, EngineConfig
 from engine.disagg import launch
+from engine.fleet import launch as fleet_launch
 from instrumentation.config import CORE_SINK, STEPS_EVERY_ENV, TelemetryConfig, telemetry_config
 from stepscope.cli import UsageError
 
@@ -53,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument("--served-model-name", help="model id in the API (default: the --model value)")
     server.add_argument(
+        "--instance-id",
+        help="service.instance.id of this server (default: host:port); with --replicas N, N comma-separated "
+        "ids (default: host:0 .. host:N-1)",
+    )
+    server.add_argument(
         "--admin-token",
         help=f"bearer token of /admin/limits (default: ${ADMIN_TOKEN_ENV}; unset: admin disabled)",
     )
@@ -68,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{TelemetryConfig.__dataclass_fields__['steps_every'].default})",
     )
     launch.add_arguments(parser.add_argument_group("disaggregated serving (docs/disagg.md)"))
+    fleet_launch.add_arguments(parser.add_argument_group("fleet: replicas behind a router (docs/fleet.md)"))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -114,8 +121,12 @@ def run(args: argparse.Namespace) -> int:
         dis = launch.check_arguments(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.role and args.replicas is not None:
+        raise UsageError("--role and --replicas exclude each other")
     if args.role:
         return _run_worker(args, config, dis)
+    if args.replicas is not None:
+        return _run_fleet(args, config)
     settings = ServerSettings(
         served_model_name=args.served_model_name or config.model,
         max_waiting=config.max_waiting,
@@ -178,7 +189,7 @@ def _telemetry(
         tele = telemetry_config(
             args.otlp_endpoint,
             model=model,
-            instance_id=f"{socket.gethostname()}:{port}",
+            instance_id=getattr(args, "instance_id", None) or f"{socket.gethostname()}:{port}",
             steps_every=int(steps_every) if steps_every is not None else None,
         )
         if tele is None:
@@ -209,6 +220,52 @@ def _run_router(
     finally:
         listener.close()
         _close_telemetry(settings)
+
+
+def _run_fleet(args: argparse.Namespace, config: EngineConfig) -> int:
+    """`--replicas N`: the router (this process) over N replica servers (engine/fleet/launch.py)."""
+    from engine.fleet.routing import RoutingConfig
+    from engine.server import ServerSettings
+
+    raw = str(args.replicas)
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"--replicas: expected a positive integer, got {raw!r}")
+    try:
+        RoutingConfig(policy=args.routing)
+        ids = fleet_launch.instance_ids(args.instance_id, int(raw))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or config.model,
+        max_waiting=config.max_waiting,
+        admin_token=args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
+        otlp_endpoint=args.otlp_endpoint,
+    )
+    listener = _listen(args.host, args.port)
+    tracer = None
+    try:
+        tele = telemetry_config(
+            args.otlp_endpoint,
+            model=settings.served_model_name,
+            instance_id=f"{socket.gethostname()}:{listener.getsockname()[1]}",
+        )
+        if tele is not None:
+            tele.role = "router"
+            from instrumentation.route_spans import open_router
+
+            tracer = open_router(tele)
+    except ValueError as e:
+        listener.close()
+        raise UsageError(str(e)) from None
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return asyncio.run(fleet_launch.serve_fleet(args, config, settings, listener, ids, tracer))
+    except _Terminated:
+        return 0
+    finally:
+        listener.close()
+        if tracer is not None:
+            tracer.shutdown()
 
 
 def _run_worker(args: argparse.Namespace, config: EngineConfig, dis: dict[str, object]) -> int:
@@ -251,6 +308,9 @@ def _listen(host: str, port_text: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # A streamed response's headers and first token are separate writes: with Nagle on, the token waits
+    # for the client's delayed ACK of the headers. Accepted sockets inherit the option on Linux.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, int(port_text)))
     except OSError as e:

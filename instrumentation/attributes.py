@@ -16,6 +16,7 @@ SPAN_STEP_SCHEDULE = "engine.step.schedule"
 SPAN_STEP_FORWARD = "engine.step.forward"
 SPAN_STEP_SAMPLE = "engine.step.sample"
 SPAN_CLIENT_REQUEST = "llm_client_request"  # the load generator's CLIENT span
+SPAN_ROUTE = "route"  # the fleet router's choice of a replica, parent of the replica's llm_request
 EVENT_FIRST_TOKEN = "first_token"
 
 # --- llm_request attributes (vLLM-compatible, seconds as doubles) ------------------------------
@@ -48,6 +49,15 @@ RPC_DELAY_MAX_S = "stepscope.rpc.delay_max_s"  # the same, the longest of the re
 FRONTEND_S = "stepscope.latency.frontend_s"  # HTTP receipt -> handed to the core's queue (parse, tokenize)
 FRONTEND_LOOP_LAG_S = "stepscope.frontend.loop_lag_s"  # the front end's event-loop lag, worst while it ran
 SAMPLING_WEIGHT = "stepscope.sampling.weight"  # requests this kept span stands for (1 / head ratio, or 1)
+
+# --- route span attributes (engine/fleet) -------------------------------------------------------
+ROUTE_POLICY = "stepscope.route.policy"  # round_robin | least_loaded | prefix_aware
+ROUTE_INSTANCE = "stepscope.route.instance"  # the chosen replica's service.instance.id
+ROUTE_CANDIDATES = "stepscope.route.candidates"  # the healthy replicas' instance ids ...
+ROUTE_CANDIDATE_LOADS = "stepscope.route.candidate_loads"  # ... their requests in flight ...
+ROUTE_CANDIDATE_PREFIX_BLOCKS = "stepscope.route.candidate_prefix_blocks"  # ... their leading-block match
+ROUTE_PREFIX_BLOCKS = "stepscope.route.prefix_blocks"  # full blocks in the prompt
+ROUTE_ATTEMPTS = "stepscope.route.attempts"  # 1, or more when a replica failed before answering
 
 # --- phase span attributes ---------------------------------------------------------------------
 CHUNK_INDEX = "stepscope.prefill.chunk_index"
@@ -83,6 +93,7 @@ LINK_TOKENS = "stepscope.link.tokens"  # on each engine.step -> llm_request link
 RESOURCE_MODEL = "stepscope.model"
 RESOURCE_INSTANCE = "service.instance.id"
 RESOURCE_ROLE = "stepscope.role"  # colocated | prefill | decode | router
+RESOURCE_HOST = "host.name"
 
 # --- added with the instrumentation issue ------------------------------------------------------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # chat | text_completion

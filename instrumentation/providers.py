@@ -39,13 +39,14 @@ _SDK_LOGGERS = (  # per-span / per-batch warnings that would flood stderr when a
 
 
 def build_resource(config: TelemetryConfig) -> Resource:
-    """service.name, stepscope.model, service.instance.id, stepscope.role; OTEL_SERVICE_NAME and
-    OTEL_RESOURCE_ATTRIBUTES win over these defaults."""
+    """service.name, stepscope.model, service.instance.id, stepscope.role, host.name;
+    OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over these defaults."""
     defaults = {
         "service.name": DEFAULT_SERVICE_NAME,
         A.RESOURCE_MODEL: config.model,
         A.RESOURCE_INSTANCE: config.instance_id or f"{socket.gethostname()}:{os.getpid()}",
         A.RESOURCE_ROLE: config.role,
+        A.RESOURCE_HOST: socket.gethostname(),
     }
     env = dict(OTELResourceDetector().detect().attributes)
     if os.environ.get("OTEL_SERVICE_NAME"):

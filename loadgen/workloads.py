@@ -10,7 +10,8 @@ byte-level tokenizer, where an ASCII character is one token; about 4 suits BPE t
 Kinds:
 - `chat`: short user prompts, medium outputs (chat endpoint).
 - `summarize`: long documents to summarize, short outputs (completions endpoint).
-- `shared-prefix`: one long system prompt shared by every request, short user turns (the prefix-cache case).
+- `shared-prefix`: one long system prompt shared by every request (or one of `system_prompts` distinct ones,
+  drawn per request: many tenants or assistants), short user turns (the prefix-cache case).
 - `mixed`: chat and summarize together (`summarize_fraction` of them summarize).
 - a JSONL file: one request per line, `prompt` or `messages`, `max_tokens`, optional arrival `timestamp`.
 
@@ -90,6 +91,7 @@ class WorkloadConfig:
     summarize_prompt: LengthDist = LengthDist(1024, 0.3, 384, 1536)
     summarize_output: LengthDist = LengthDist(48, 0.4, 8, 128)
     system_prompt_tokens: int = 1024
+    system_prompts: int = 1  # shared-prefix: distinct system prompts, one drawn per request
     shared_user_prompt: LengthDist = LengthDist(48, 0.5, 8, 256)
     shared_output: LengthDist = LengthDist(64, 0.5, 8, 256)
     summarize_fraction: float = 0.3  # of `mixed`
@@ -101,6 +103,8 @@ class WorkloadConfig:
             raise ValueError("chars_per_token must be > 0")
         if not 0.0 <= self.summarize_fraction <= 1.0:
             raise ValueError("summarize_fraction must be in [0, 1]")
+        if self.system_prompts < 1:
+            raise ValueError("system_prompts must be >= 1")
         self.shifts = tuple(sorted(self.shifts, key=lambda s: s.start_s))
 
 
@@ -170,6 +174,12 @@ class Workload:
         self.rows = replay_rows or []
         self.text = TextMaker(config.seed)
         self.system_prompt = self.text.text(self._chars(config.system_prompt_tokens), self._rng(-1))
+        self.system_prompts = [self.system_prompt] + [
+            self.text.text(
+                self._chars(config.system_prompt_tokens), np.random.default_rng([config.seed, 0, 1000 + i])
+            )
+            for i in range(config.system_prompts - 1)
+        ]
         self._timestamps = self._replay_timestamps()
 
     @classmethod
@@ -238,8 +248,13 @@ class Workload:
     def _shared_prefix(self, index: int, rng: np.random.Generator, factor: float) -> RequestSpec:
         n = self._scaled(self.config.shared_user_prompt.sample(rng), factor)
         out = self.config.shared_output.sample(rng)
+        system = (
+            self.system_prompts[int(rng.integers(len(self.system_prompts)))]
+            if len(self.system_prompts) > 1
+            else self.system_prompt
+        )
         messages = [
-            {"role": "system", "content": self.system_prompt},
+            {"role": "system", "content": system},
             {"role": "user", "content": self.text.text(self._chars(n), rng)},
         ]
         est = n + self.config.system_prompt_tokens

@@ -63,7 +63,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
     server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), None)
     try:
         warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure
-        seqs = int(cfg.max_num_seqs)
+        seqs = int(cfg.max_num_seqs) * cfg.replicas  # a fleet's batches all kept full
         c_shared = max(1, round(seqs * cfg.shared_fraction))
         mixed, shared = workloads(10_000 + int(cfg.seed), (), fault_workload(cfg))
         opts = RunOptions(model=cfg.model, drain_timeout_s=0.1, first_index=5_000_000)

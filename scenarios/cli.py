@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--out", required=True, metavar="DIR", help="run directory: store/, logs, truth.json")
     run.add_argument(
-        "--model", default=d.model, help="engine model preset or checkpoint (default: %(default)s)"
+        "--model", help=f"engine model preset or checkpoint (default: {d.model}; with --replicas: tiny)"
     )
     run.add_argument(
         "--rate", metavar="RPS", help="requests/s in all (default: a fraction of the calibrated capacity)"
@@ -75,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the collector scrapes the engine's Prometheus /metrics (vLLM names) into engine_samples",
     )
+    run.add_argument(
+        "--replicas", default=str(d.replicas), metavar="N",
+        help="serve N replicas behind the prefix-aware router (default: %(default)s, no router)",
+    )  # fmt: skip
+    run.add_argument(
+        "--fault-instance", default=str(d.fault_instance), metavar="K",
+        help="the replica (index) a fleet fault targets (default: %(default)s)",
+    )  # fmt: skip
     sub.add_parser("list", help="the faults, their defaults and eval magnitudes")
     facts = sub.add_parser("facts", help="before/after figures of a finished run, from its store (JSON)")
     facts.add_argument("dir", metavar="DIR", help="a run directory with truth.json")
@@ -105,6 +113,13 @@ def config_from_args(args: argparse.Namespace) -> object:
             raise ValueError("--workload-of is for a healthy run: give it without --fault")
         if not str(args.seed).isdigit():
             raise ValueError(f"--seed: expected a non-negative integer, got {args.seed!r}")
+        replicas, instance = str(args.replicas), str(args.fault_instance)
+        if not replicas.isdigit() or int(replicas) < 1:
+            raise ValueError(f"--replicas: expected a positive integer, got {replicas!r}")
+        if not instance.isdigit() or int(instance) >= int(replicas):
+            raise ValueError(f"--fault-instance: expected a replica index below --replicas, got {instance!r}")
+        if fault and FAULTS[fault].fleet and int(replicas) < 2:
+            raise ValueError(f"fault {fault} needs a fleet: --replicas 2 or more")
     except ValueError as e:
         raise UsageError(str(e)) from None
     if onset is not None and onset >= duration:
@@ -117,9 +132,10 @@ def config_from_args(args: argparse.Namespace) -> object:
     return ScenarioConfig(
         onset_fraction=onset_fraction, workload_of=workload_of,
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
-        seed=int(args.seed), model=args.model, rate=rate, load_fraction=fraction,
-        disagg=bool(getattr(args, "disagg", False)),
+        seed=int(args.seed), model=args.model or ("tiny" if int(replicas) > 1 else ScenarioConfig.model),
+        rate=rate, load_fraction=fraction, disagg=bool(getattr(args, "disagg", False)),
         step_spans=not getattr(args, "no_step_spans", False), scrape=bool(getattr(args, "scrape", False)),
+        replicas=int(replicas), fault_instance=int(instance),
     )  # fmt: skip
 
 

@@ -40,6 +40,8 @@ class ScenarioConfig:
     step_spans: bool = True  # False: request spans only, as vLLM and SGLang emit
     scrape: bool = False  # the collector scrapes the engine's /metrics (its vLLM names) into engine_samples
     scrape_interval_s: float = 1.0  # a few dozen samples a side in a minute-long run
+    replicas: int = 1  # > 1: a fleet of replicas behind the prefix-aware router (docs/fleet.md)
+    fault_instance: int = 0  # a fleet fault's replica (its index)
     drain_timeout_s: float = 20.0
     shared_fraction: float = 0.4  # of requests from the shared-system-prompt stream
     # A healthy run (no fault) under this fault's workload, demand and engine settings, with no switch:
@@ -67,6 +69,7 @@ class ScenarioConfig:
             *(FAULTS[self.workload_of].serve_args if self.workload_of in FAULTS and not self.fault else ()),
             *(FAULTS[self.fault].serve_args if self.fault in FAULTS else ()),
             *(("--disagg",) if self.disagg and self.fault != "kv_transfer_slow" else ()),
+            *(("--replicas", str(self.replicas)) if self.replicas > 1 else ()),
         ]  # fmt: skip
 
 

@@ -281,7 +281,7 @@ class Capacities:
 # -- one case -------------------------------------------------------------------------------------
 def case_config(case: Case, base: Any, out: Path) -> Any:
     """The `ScenarioConfig` of `case` over the eval's `base`."""
-    from scenarios.protocol import DEFAULT_WORKLOAD
+    from scenarios.protocol import DEFAULT_WORKLOAD, FLEET, is_fleet
 
     changes: dict[str, Any] = {
         "out": out, "fault": case.fault, "value": case.value, "seed": case.seed,
@@ -290,6 +290,8 @@ def case_config(case: Case, base: Any, out: Path) -> Any:
     }  # fmt: skip
     if case.load_fraction is not None:
         changes["load_fraction"] = case.load_fraction
+    if is_fleet(case.fault):
+        changes |= FLEET
     return dataclasses.replace(base, **changes)
 
 

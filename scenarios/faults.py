@@ -46,6 +46,12 @@ class Fault:
     clients: int | None = None
     # Busy processes of another program started on the engine's cores at the onset (a noisy neighbour).
     neighbours: Callable[[float], int] | None = None
+    # Fleets (`--replicas N`): faults sent to the router's /admin/faults with the targeted instance (the
+    # router's own, or an engine fault for that replica alone), or a process action on the targeted
+    # replica (scenarios/fleet.py): "kill". A fleet fault needs at least two replicas.
+    router: Callable[[float], dict[str, object]] | None = None
+    action: str | None = None
+    fleet: bool = False
 
 
 FAULTS: dict[str, Fault] = {
@@ -189,6 +195,50 @@ FAULTS: dict[str, Fault] = {
             (30000, 100000),
             engine=lambda v: {"frontend_cpu": int(v)},
         ),
+        Fault(
+            "replica_slow",
+            "fleet: N busy threads in one replica's core process (--fault-instance K)",
+            2,
+            (1, 3),
+            # the engine fault aimed at one instance through the router (`instance` in /admin/faults)
+            router=lambda v: {"busy_threads": int(v)},
+            fleet=True,
+        ),
+        Fault(
+            "replica_down",
+            "fleet: one replica killed mid-run (--fault-instance K)",
+            None,
+            (None, None),
+            action="kill",
+            fleet=True,
+        ),
+        Fault(
+            "cache_affinity_lost",
+            "fleet: the router switches from prefix_aware to round_robin",
+            None,
+            (None, None),
+            router=lambda v: {"cache_affinity_lost": True},
+            # Several tenants' long system prompts: routed by prefix, each replica caches its share of them;
+            # scattered, every replica must hold all of them and its pool (4k tokens) cannot.
+            workload={"system_prompts": 6, "system_prompt_tokens": 1024},
+            serve_args=("--num-kv-blocks", "256"),
+            fleet=True,
+        ),
+        Fault(
+            "routing_skew",
+            "fleet: a fraction F of requests pinned to one replica (--fault-instance K)",
+            0.8,
+            (0.6, 0.9),
+            router=lambda v: {"routing_skew": float(v)},
+            # Ten requests kept in flight on replicas capped at 4 sequences: about 3 a replica while
+            # balanced; pinned, the one replica holds most of them, runs 4 and queues the rest while its
+            # peers idle. The cores are shared by the replicas here, so only the cap makes one replica
+            # the bottleneck that a GPU of its own would be (an open loop at a third of the fleet's
+            # capacity fit on one replica unqueued).
+            serve_args=("--max-num-seqs", "4"),
+            clients=10,
+            fleet=True,
+        ),
     )
 }
 
@@ -222,6 +272,6 @@ def parse_fault(text: str) -> tuple[str, float | None]:
         value = float(raw)
     except ValueError:
         raise ValueError(f"fault {name}: expected a number, got {raw!r}") from None
-    if value <= 0 or (name in ("prefix_cache_miss", "kv_cache_pressure") and value > 1):
+    if value <= 0 or (name in ("prefix_cache_miss", "kv_cache_pressure", "routing_skew") and value > 1):
         raise ValueError(f"fault {name}: value out of range: {raw}")
     return name, value

@@ -39,7 +39,26 @@ EXPECTED_CAUSE = {
     "overload": "queueing_overload",
     "cpu_contention": "compute_slowdown",
     "frontend_cpu": "frontend_bottleneck",
+    "replica_slow": "compute_slowdown",  # the slowdown, on that replica
+    "replica_down": "lost_capacity",
+    "routing_skew": "routing_imbalance",
 }
+# Fleet faults run on 3 replicas of the tiny model (they fit two cores), aimed at replica 0; their top
+# finding must also say where: on that one instance, or fleet-wide (`expected_scope`).
+FLEET = {"replicas": 3, "model": "tiny", "fault_instance": 0}
+FLEET_WIDE = ("cache_affinity_lost",)
+
+
+def is_fleet(fault: str | None) -> bool:
+    """Whether `fault` needs a fleet (`--replicas`)."""
+    return fault in FAULTS and FAULTS[fault].fleet
+
+
+def expected_scope(fault: str | None) -> str | None:
+    """`fleet` or `instances` for a fleet fault's top finding; None for the others."""
+    if not is_fleet(fault):
+        return None
+    return "fleet" if fault in FLEET_WIDE else "instances"
 
 
 def split_of(seed: int) -> str:

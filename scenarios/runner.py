@@ -27,9 +27,10 @@ import httpx
 
 from loadgen.runner import RunOptions, RunResult, run_load
 from loadgen.workloads import WorkloadShift
+from scenarios import fleet
 from scenarios.calibrate import capacity
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload, load_specs, workloads
-from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, min_duration_s
+from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, Fault, min_duration_s
 from scenarios.procs import (
     Proc,
     start_collector,
@@ -54,6 +55,18 @@ async def _admin(url: str, path: str, token: str, body: dict[str, object] | None
     if r.status_code != 200:
         raise RuntimeError(f"{path} refused {body}: {r.status_code} {r.text[:300]}")
     return r.json()
+
+
+def _fleet_fault(cfg: ScenarioConfig, fault: Fault, url: str, token: str) -> None:
+    """A fleet fault on replica `cfg.fault_instance`: the router's own faults, or a process action."""
+    replica = fleet.replica_ids(url)[cfg.fault_instance]
+    if fault.router is not None:
+        body = fault.router(cfg.value or 0.0) | {"instance": replica["instance"]}
+        cfg.log(f"scenario: onset: router /admin/faults {body}")
+        asyncio.run(_admin(url, "/admin/faults", token, body))
+    if fault.action == "kill":
+        cfg.log(f"scenario: onset: killing replica {replica['instance']} (pid {replica['pid']})")
+        fleet.kill_replica(replica)
 
 
 async def _switch_at(
@@ -84,6 +97,8 @@ async def _switch_at(
         n = fault.neighbours(cfg.value or 0.0)
         cfg.log(f"scenario: onset: {n} busy processes on the engine's cores")
         neighbours += start_neighbours(n)
+    if fault.fleet:
+        await asyncio.to_thread(_fleet_fault, cfg, fault, url, token)
     if fault.shift is not None:
         cfg.log(f"scenario: onset: workload shift {fault.shift(cfg.value or 0.0)}")
     return onset
@@ -111,7 +126,13 @@ async def drive(
         _switch_at(cfg, url, token, t0, stop, neighbours),
     )
     a, b, onset = await runs
-    if fault is not None and fault.limits is None and fault.engine is None and fault.neighbours is None:
+    if (
+        fault is not None
+        and fault.limits is None
+        and fault.engine is None
+        and fault.neighbours is None
+        and not fault.fleet
+    ):
         onset = start + cfg.onset  # a pure workload shift starts on the load generator's clock
     return {"start": start, "end": time.time(), "onset": onset, "summary": _summary([a, b])}
 
@@ -135,6 +156,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     """Run one scenario end to end and write `cfg.out/truth.json`; returns the truth."""
     if cfg.fault is not None and cfg.fault not in FAULTS:
         raise ValueError(f"unknown fault {cfg.fault!r}")
+    if cfg.fault in FAULTS and FAULTS[cfg.fault].fleet and not cfg.fault_instance < cfg.replicas > 1:
+        raise ValueError(f"fault {cfg.fault} needs --replicas 2 or more and --fault-instance below it")
     cfg.out.mkdir(parents=True, exist_ok=True)
     rate = cfg.rate
     closed = fault_clients(cfg) is not None  # the fault's closed loop brings its own demand
@@ -150,6 +173,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     load_before = os.getloadavg()[0]
     procs: list[Proc] = []
     neighbours: list = []  # busy processes of a cpu_contention run
+    instance = None
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
@@ -166,6 +190,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
             f"{f'{fault_clients(cfg)} clients' if closed else f'rate {rate}/s'} "
             f"for {cfg.duration_s:g}s, onset {cfg.onset:g}s"
         )
+        if cfg.replicas > 1:
+            instance = fleet.replica_ids(url)[cfg.fault_instance]["instance"]
         run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate, neighbours))
         stop_neighbours(neighbours)
         server.stop()
@@ -192,6 +218,8 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         "workload_of": cfg.workload_of,  # a healthy run under this fault's workload, demand and engine
         "duration_s": cfg.duration_s,
         "onset_s": cfg.onset if cfg.fault else None,
+        "replicas": cfg.replicas,
+        "fault_instance": instance if cfg.fault in FAULTS and FAULTS[cfg.fault].fleet else None,
         "store": f"chdb://{cfg.out}",
         "requests_stored": n,
         "client": run["summary"],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scenarios.protocol import SPLITS, Case
+from scenarios.protocol import SPLITS, Case, expected_scope
 
 MODES = ("no_baseline", "baseline")
 HEADLINE_MODE = "no_baseline"
@@ -56,11 +56,23 @@ def _score_mode(case: Case, onset: float | None, diagnosis: dict[str, Any]) -> d
         "predicted": top["cause"] if top else None,
         "confidence": top.get("confidence") if top else None,
         "findings": len(findings),
-        "correct": case.fault is not None and (top["cause"] if top else None) == case.expected,
+        "scope": top.get("scope") if top else None,
+        "correct": case.fault is not None
+        and (top["cause"] if top else None) == case.expected
+        and _scope_ok(case, top),
         "top3_correct": case.fault is not None and case.expected in [f["cause"] for f in top3],
         "onset_error_s": onset_error,
         "symptoms_regressed": [r.get("metric", r.get("name")) for r in diagnosis.get("regressions", [])],
     }
+
+
+def _scope_ok(case: Case, top: dict[str, Any] | None) -> bool:
+    """A fleet fault's top finding names where: the targeted instance alone, or the fleet."""
+    kind = expected_scope(case.fault)
+    if kind is None or top is None:
+        return True
+    scope = top.get("scope") or {}
+    return scope.get("kind") == kind and (kind == "fleet" or len(scope.get("instances") or []) == 1)
 
 
 def summarize(rows: list[dict[str, Any]], grid: str, **extra: Any) -> dict[str, Any]:

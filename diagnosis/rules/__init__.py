@@ -7,16 +7,19 @@ from types import ModuleType
 
 from diagnosis.rules import (
     batch_limit_low,
+    cache_affinity_lost,
     compute_slowdown,
     frontend_bottleneck,
     kv_cache_pressure,
     kv_transfer_slow,
     long_outputs,
     long_prompts,
+    lost_capacity,
     oversized_batch,
     prefill_interference,
     prefix_cache_miss,
     queueing_overload,
+    routing_imbalance,
     rpc_overhead,
     scheduler_stall,
     weight_quant_off,
@@ -37,6 +40,9 @@ RULES: tuple[ModuleType, ...] = (
     long_outputs,
     batch_limit_low,
     frontend_bottleneck,
+    routing_imbalance,
+    cache_affinity_lost,
+    lost_capacity,
 )
 RULE_CAUSES: tuple[str, ...] = tuple(rule.CAUSE for rule in RULES)
 # What a finding can name: a rule's cause, or `unexplained` when symptoms regressed and none fits.

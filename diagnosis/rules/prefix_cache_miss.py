@@ -11,6 +11,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
+from diagnosis.rules import cache_affinity_lost
 from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
 
 CAUSE = "prefix_cache_miss"
@@ -39,6 +40,8 @@ def evaluate(facts: Facts) -> Finding | None:
         return None
     lengths = facts.req_ratio("input_mean", math.inf)
     if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
+        return None
+    if cache_affinity_lost.scattered(facts):  # the same prompts on more replicas: not a changed prefix
         return None
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
     keys_b, keys_c = (

@@ -3,7 +3,8 @@
 Evidence: arrivals up, queue time up and explaining most of the TTFT change, and (with step data) a busy
 step loop; without step spans (vLLM-shaped traces) also the queue's share of TTFT up, since a TTFT rise at
 flat arrivals is not overload. Look-alike scheduler_stall has the queue grow with arrivals flat and gaps
-between steps up.
+between steps up;
+look-alike routing_imbalance has arrivals up on one instance only, the fleet's flat.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
+from diagnosis.rules import routing_imbalance
 from diagnosis.rules.base import gaps_grew, make_finding, strength, ttft_share
 
 CAUSE = "queueing_overload"
@@ -44,6 +46,8 @@ def evaluate(facts: Facts) -> Finding | None:
         return None  # the loop stopped between steps with work waiting: a stall, not more work
     if facts.steps is None and not _queue_share_grew(facts):
         return None  # request-only: no busy loop to see, so the queue must take a larger part of TTFT
+    if routing_imbalance.shifted(facts):
+        return None  # more work here, the same on the fleet: the balancer moved it
     share = ttft_share(facts, "queue")
     evidence = [
         Evidence("arrival_rate_rps", *facts.req_pair("rate_rps")),

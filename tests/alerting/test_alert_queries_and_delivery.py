@@ -42,6 +42,7 @@ def insert(store: Store, start: float, seconds: int, per_s: int, ttft: float, **
         "time": [dt.datetime.fromtimestamp(e - ttft - 1, dt.UTC).replace(tzinfo=None) for e in ends],
         "end_time": [dt.datetime.fromtimestamp(e, dt.UTC).replace(tzinfo=None) for e in ends],
         "service": [extra.get("service", "engine")] * len(ends),
+        "instance": [extra.get("instance", "engine-0")] * len(ends),
         "model": ["m"] * len(ends),
         "ttft_s": [ttft] * len(ends),
         "queue_s": [ttft * 0.8] * len(ends),
@@ -212,3 +213,21 @@ def test_a_metrics_rule_reads_the_scraped_latency_histogram(store):
         parse_rules(
             '[[rule]]\nname = "x"\nmetric = "ttft"\nsource = "metrics"\nthreshold = "1s"\nmodel = "m"\n'
         )
+
+
+def test_a_rule_grouped_by_instance_fires_once_for_the_slow_instance_labelled(store):
+    insert(store, T0, 60, 2, 0.2, instance="r0")
+    insert(store, T0, 60, 2, 3.0, instance="r1")
+    text = """
+[[rule]]
+name = "ttft-p99"
+metric = "ttft"
+threshold = "1s"
+window = "30s"
+group_by = ["instance"]
+"""
+    runner = AlertRunner(parse_rules(text), ReadOnly(store))
+    fired = runner.evaluate(T0 + 60)
+    assert [(t.rule, t.new) for t in fired] == [("ttft-p99/r1", "firing")]
+    rule = next(r for r in runner._expanded(T0 + 60) if r.name == "ttft-p99/r1")
+    assert runner.labels(rule)["alertname"] == "ttft-p99" and runner.labels(rule)["instance"] == "r1"

@@ -18,6 +18,7 @@ PAGES = {
     "findings": "views/findings.py",
     "requests": "views/request_traces.py",
     "engine": "views/engine_steps.py",
+    "instances": "views/instances.py",
     "capacity": "views/capacity.py",
     "gpu": "views/gpu.py",
 }

@@ -37,6 +37,7 @@ class SimConfig:
     fault_at_s: float | None = 120.0
     fault: dict[str, Any] = field(default_factory=dict)
     service: str = "engine"
+    instance: str = ""  # service.instance.id; "": SERVICE-0
     vllm: bool = False  # only gen_ai.* request attributes, no step spans
     scrape_s: float = 0.0  # > 0: the engine's /metrics (the vLLM names stepscope's engine serves) scraped
     scrape_limit: bool = True  # the page publishes max_num_seqs (stepscope:max_num_seqs; vLLM's does not)
@@ -374,7 +375,7 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
     }
     resource = {
         "service.name": cfg.service,
-        "service.instance.id": f"{cfg.service}-0",
+        "service.instance.id": cfg.instance or f"{cfg.service}-0",
         "stepscope.model": "small",
     }
 

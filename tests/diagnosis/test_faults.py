@@ -126,6 +126,7 @@ def test_admin_faults_endpoint_is_token_protected_and_validates(server: Server):
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
         "frontend_cpu": 0,
+        "busy_threads": 0,
     }
 
 
@@ -140,6 +141,7 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
         "frontend_cpu": 0,
+        "busy_threads": 0,
     }
     body = {"prompt": "hello", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
@@ -150,6 +152,7 @@ def test_admin_faults_switch_on_a_live_server_and_requests_still_complete(server
         "kv_transfer_mbps": 0.0,
         "weight_quant_off": False,
         "frontend_cpu": 0,
+        "busy_threads": 0,
     }
     out = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert out.status_code == 200

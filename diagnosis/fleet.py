@@ -1,0 +1,183 @@
+"""Fleets: filter the diagnosis to some services or instances, and localize a regression to instances.
+
+    scoped = ScopedReader(source, instances=["r0"])        # every query reads r0's rows only
+    loc = localize(source, facts)                            # fleet-wide, or concentrated on a subset?
+
+Localization compares the instances over the same two windows. For the regressed symptom (TTFT, TPOT or
+E2E), an instance's *lift* is the log of its mean's ratio to its own baseline mean, and its part of the
+regression is its current requests times the rise (seconds). A subset is named when it holds
+`localize_share` of the regression and its lowest lift is `localize_lift_gap` times the highest among the
+rest (at least a tenth): one slow replica of three rose x1.75 while its peers rose x1.03-1.13; a
+fleet-wide rise lifts every instance alike. An instance that served in the baseline and (almost) stopped
+in the current window is lost capacity, whatever the symptoms.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.client import Reader
+from collector.timerange import TimeRange
+from diagnosis import queries
+from diagnosis.facts import num
+
+_TABLES = re.compile(r"\bFROM (requests|steps)\b")
+_LATENCY = ("ttft", "tpot", "e2e")
+
+
+class ScopedReader:
+    """A Reader whose reads of `requests` and `steps` see only the given services and instances."""
+
+    def __init__(self, source: Reader, services: list[str] | None = None, instances: list[str] | None = None):
+        self.inner = source
+        self.services, self.instances = list(services or []), list(instances or [])
+        self.description = source.description
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        sql = _TABLES.sub(lambda m: "FROM " + queries.SCOPED_TABLE.replace("{table}", m.group(1)), sql)
+        scope = {"scope_services": self.services, "scope_instances": self.instances}
+        return self.inner.query(sql, {**(params or {}), **scope})
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def scoped(source: Reader, services: list[str] | None, instances: list[str] | None) -> Reader:
+    """`source` filtered to these services and instances (itself when neither is given)."""
+    return ScopedReader(source, services, instances) if services or instances else source
+
+
+@dataclass(frozen=True, slots=True)
+class Localization:
+    """Where a regression is: `kind` fleet or instances, the instances, their share of the regression."""
+
+    kind: str  # fleet | instances
+    instances: tuple[str, ...]
+    share: float  # of the regression's tail on `instances`
+    metric: str = ""  # the symptom localized (ttft, tpot, e2e)
+    lost: tuple[str, ...] = ()  # served in the baseline, not in the current window
+    spread: tuple[float, float] = (math.nan, math.nan)  # instances per shared prefix (baseline, current)
+    rows: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)  # per instance
+
+    def scope(self) -> dict[str, Any]:
+        """The `scope` object of a finding (docs/diagnosis.md)."""
+        share = round(self.share, 3) if math.isfinite(self.share) else None
+        return {"kind": self.kind, "instances": list(self.instances), "share_of_regression": share}
+
+    def side(self, instance: str, i: int, key: str) -> float:
+        return num(self.rows.get(instance, ({}, {}))[i].get(key))
+
+
+def instance_rows(
+    source: Reader, baseline: TimeRange, current: TimeRange
+) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Per instance: (baseline, current) aggregates of INSTANCE_SIDES."""
+    params = {"b0": int(baseline.start * 1e9), "b1": int(baseline.end * 1e9)}
+    params |= {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9)}
+    rows: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    result = source.query(queries.INSTANCE_SIDES, params)
+    for row in result.rows:
+        rec = dict(zip(result.columns, row, strict=True))
+        pair = rows.setdefault(str(rec["instance"]), ({}, {}))
+        pair[int(num(rec["side"]))].update(rec)
+    return rows
+
+
+def prefix_spread(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[float, float]:
+    """(baseline, current) mean number of instances a shared prompt prefix landed on."""
+    params = {"b0": int(baseline.start * 1e9), "b1": int(baseline.end * 1e9)}
+    params |= {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9)}
+    result = source.query(queries.SHARED_PREFIX_SPREAD, params)
+    out = [math.nan, math.nan]
+    for row in result.rows:
+        rec = dict(zip(result.columns, row, strict=True))
+        out[int(num(rec["side"]))] = num(rec["instances_per_prefix"])
+    return out[0], out[1]
+
+
+def localize(source: Reader, facts: Any) -> Localization:
+    """Fleet-wide or on some instances: see the module docstring. `facts`: the whole scope's Facts."""
+    cfg = facts.config
+    metric = next((r.family for r in facts.regressions if r.family in _LATENCY), "e2e")
+    rows = instance_rows(source, facts.baseline, facts.window)
+    names = sorted(rows)
+    lost = tuple(n for n in names if _lost(rows[n], facts, cfg.lost_instance_share))
+    spread = prefix_spread(source, facts.baseline, facts.window) if len(names) > 1 else (math.nan, math.nan)
+    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, rows)
+    serving = [n for n in names if n not in lost and _nan0(num(rows[n][1].get("requests"))) > 0]
+    if len(serving) < 2 or not facts.regressions:
+        return fleet
+    fleet_base = facts.req_baseline(f"{metric}_mean")
+    lift, part = {}, {}
+    for n in serving:
+        (b, c), key = rows[n], f"{metric}_mean"
+        own = num(b.get(key)) if _nan0(num(b.get("requests"))) >= cfg.localize_min_requests else math.nan
+        base = own if own > 0 else fleet_base
+        now = _nan0(num(c.get(key)))
+        rise = max(now - base, 0.0) if base > 0 else 0.0
+        lift[n] = math.log(now / base) if base > 0 and now > base else 0.0
+        part[n] = rise * num(c.get("requests"))
+    total = sum(part.values())
+    if not total > 0:
+        return fleet
+    order = sorted(serving, key=lambda n: -lift[n])
+    for k in range(1, len(order)):
+        top, rest = order[:k], order[k:]
+        share = sum(part[n] for n in top) / total
+        floor = math.log1p(cfg.localize_min_lift)
+        gap = min(lift[n] for n in top) / max(max(lift[n] for n in rest), floor)
+        if share >= cfg.localize_share and gap >= cfg.localize_lift_gap:
+            return Localization("instances", tuple(sorted(top)), share, metric, lost, spread, rows)
+    return fleet
+
+
+def _nan0(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+def _lost(pair: tuple[dict, dict], facts: Any, min_share: float) -> bool:
+    """Served in the baseline at a rate the current window fell to `min_share` of (or below)."""
+    b, c = num(pair[0].get("requests")), num(pair[1].get("requests"))
+    if not b >= facts.config.min_requests_p50 / 3:
+        return False
+    rate_b = b / max(facts.baseline.seconds, 1e-9)
+    rate_c = (c if math.isfinite(c) else 0.0) / max(facts.window.seconds, 1e-9)
+    return rate_c <= min_share * rate_b
+
+
+def peer_step_ratio(source: Reader, current: TimeRange, subset: tuple[str, ...]) -> float:
+    """The subset's decode step time over its peers' at equal batch size, in the current window (NaN
+    without steps on both): sum over batch sizes of the subset's steps x (its mean / the peers' mean)."""
+    params = {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9), "subset": list(subset)}
+    result = source.query(queries.PEER_STEPS, params)
+    sub: dict[int, tuple[float, float]] = {}
+    peers: dict[int, float] = {}
+    for row in result.rows:
+        rec = dict(zip(result.columns, row, strict=True))
+        b = int(num(rec["batch_size"]))
+        if int(num(rec["in_subset"])):
+            sub[b] = (num(rec["steps"]), num(rec["duration_mean"]))
+        else:
+            peers[b] = num(rec["duration_mean"])
+    num_, den = 0.0, 0.0
+    for b, (n, d) in sub.items():
+        if b in peers and peers[b] > 0:
+            num_ += n * d
+            den += n * peers[b]
+    return num_ / den if den > 0 else math.nan
+
+
+def request_shares(loc: Localization, serving_only: bool = False) -> dict[str, tuple[float, float]]:
+    """Per instance: (baseline, current) share of the fleet's requests (of the still serving instances'
+    with `serving_only`)."""
+    names = [n for n in loc.rows if not (serving_only and n in loc.lost)]
+    totals = [sum(_count(loc, n, i) for n in names) for i in (0, 1)]
+    return {n: tuple(_count(loc, n, i) / totals[i] if totals[i] else math.nan for i in (0, 1)) for n in names}
+
+
+def _count(loc: Localization, name: str, side: int) -> float:
+    n = loc.side(name, side, "requests")
+    return n if math.isfinite(n) else 0.0

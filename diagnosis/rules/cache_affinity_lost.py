@@ -1,0 +1,77 @@
+"""cache_affinity_lost: the same prompts, scattered over the replicas: every replica's cache reuse falls.
+
+Evidence: the cached share of prompt tokens fell on every serving instance, and each shared prompt prefix
+landed on more instances (`affinity_keys_ratio`; each instance sees more distinct prefixes) while the
+fleet's distinct keys per request and the prompt lengths stayed put. Told apart from prefix_cache_miss,
+where the prompts themselves changed (the fleet's distinct keys per request rise).
+"""
+
+from __future__ import annotations
+
+import math
+
+from diagnosis.facts import Facts
+from diagnosis.records import Evidence, Finding
+from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
+
+CAUSE = "cache_affinity_lost"
+LEVER = (
+    "Route by prefix (prefix_aware routing on the prompt's leading blocks, or session affinity) so that a "
+    "shared prefix keeps landing where its KV blocks are cached."
+)
+
+
+def scattered(facts: Facts) -> tuple[float, float] | None:
+    """(baseline, current) instances per shared prompt prefix when the same prompts were scattered over
+    more instances (None otherwise). Shared with prefix_cache_miss, its look-alike."""
+    loc, cfg = facts.fleet, facts.config
+    if loc is None or len(loc.rows) - len(loc.lost) < 2:
+        return None
+    sb, sc = loc.spread
+    fleet_keys = facts.req_ratio("prefix_keys_per_request", math.inf)
+    if not (sb > 0 and sc >= cfg.affinity_keys_ratio * sb and fleet_keys <= cfg.steady_prompt_ratio):
+        return None
+    return sb, sc
+
+
+def evaluate(facts: Facts) -> Finding | None:
+    cfg = facts.config
+    symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput")
+    keys = scattered(facts) if symptoms else None
+    if keys is None:
+        return None
+    loc = facts.fleet
+    serving = [n for n in loc.rows if n not in loc.lost and loc.side(n, 1, "requests") > 0]
+    drops = [loc.side(n, 0, "cached_share") - loc.side(n, 1, "cached_share") for n in serving]
+    if not all(math.isfinite(d) and d >= cfg.cache_share_drop / 2 for d in drops):
+        return None
+    cb, cc = facts.req_pair("cached_share")
+    if not (math.isfinite(cb) and math.isfinite(cc) and cb - cc >= cfg.cache_share_drop):
+        return None
+    lengths = facts.req_ratio("input_mean", math.inf)
+    if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
+        return None
+    share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
+    return make_finding(
+        facts,
+        CAUSE,
+        symptoms=symptoms,
+        share=share,
+        strength_=max(strength(keys[1] / keys[0], cfg.affinity_keys_ratio), 0.9),
+        onset_series="cached_share",
+        evidence=[
+            Evidence("cached_token_share", cb, cc),
+            Evidence("instances_per_shared_prefix", *keys),
+            Evidence("prefix_keys_per_request", *facts.req_pair("prefix_keys_per_request")),
+            Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
+        ]
+        + [
+            Evidence(
+                f"cached_token_share[{n}]", loc.side(n, 0, "cached_share"), loc.side(n, 1, "cached_share")
+            )
+            for n in serving
+        ],
+        lever=LEVER,
+        summary=f"cached share {cb:.0%} -> {cc:.0%} on every replica; a shared prefix now lands on "
+        f"{keys[1]:.1f} replicas (was {keys[0]:.1f}) at unchanged prompts",
+    )

@@ -1,0 +1,180 @@
+"""Routing policies: which replica gets a request. Pure data structures; no I/O, no OpenTelemetry.
+
+    hashes = block_hashes(prompt_ids, block_size, salt)     # the prefix cache's chained block hashes
+    decision = router.choose(hashes)                         # -> Decision(replica, candidates...)
+    ... the request runs on decision.replica (router.started / router.finished keep the load)
+
+prefix_aware remembers, per replica, the block hashes of the prompts it sent there (an LRU as large as
+the replica's KV pool) and sends a request to the replica holding the longest run of its leading
+blocks, among the replicas whose load is within `load_slack` of the least loaded one: a hot prefix
+fills one replica up to that bound, then spills to the next, which learns it too. With no match it
+falls back to least_loaded. Load is the router's count of requests in flight on the replica (its
+waiting + running, as far as this router's traffic goes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+RoutingPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
+POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "prefix_aware")
+
+
+def block_hashes(prompt_ids: list[int], block_size: int, salt: str = "") -> list[bytes]:
+    """The chained hashes of the prompt's full blocks, as engine.block_manager computes them
+    (restated here so the router never imports torch; a test holds the two equal)."""
+    out: list[bytes] = []
+    parent = b""
+    data = array("q", prompt_ids[: len(prompt_ids) // block_size * block_size]).tobytes()
+    step = 8 * block_size  # bytes of one block of int64 token ids
+    for i in range(0, len(data), step):
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(data[i : i + step])
+        if salt and i == 0:
+            h.update(b"#salt:" + salt.encode())
+        parent = h.digest()
+        out.append(parent)
+    return out
+
+
+@dataclass(slots=True)
+class RoutingConfig:
+    """Every routing default lives here; `stepscope serve --routing` picks the policy."""
+
+    policy: RoutingPolicy = "prefix_aware"
+    # prefix_aware: a replica holding the prefix may carry this many more requests than the least loaded
+    # one before a request goes elsewhere (SGLang's cache-aware router bounds affinity the same way).
+    load_slack: int = 4
+    index_blocks: int = 1 << 16  # block hashes remembered per replica when its KV pool size is unknown
+    seed: int = 0  # routing_skew's coin
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"routing policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.load_slack < 0 or self.index_blocks < 1:
+            raise ValueError("load_slack must be >= 0 and index_blocks >= 1")
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    """One replica as the router sees it."""
+
+    instance: str  # service.instance.id
+    url: str = ""
+    load: int = 0  # requests in flight through this router
+    healthy: bool = True
+    pid: int | None = None
+    index_blocks: int = 1 << 16
+    blocks: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # LRU of block hashes sent here
+    routed: int = 0
+
+    def match(self, hashes: list[bytes]) -> int:
+        """How many leading blocks of the prompt this replica was last sent (a chained hash implies its
+        whole prefix, so the run stops at the first miss)."""
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def remember(self, hashes: Iterable[bytes]) -> None:
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.index_blocks:
+            self.blocks.popitem(last=False)
+
+
+@dataclass(slots=True)
+class Decision:
+    """One routing decision, as the `route` span records it."""
+
+    replica: Replica
+    policy: str
+    candidates: list[tuple[str, int, int]]  # (instance, load, prefix-match blocks) of every healthy one
+    prefix_blocks: int  # full blocks in the prompt
+
+
+@dataclass(slots=True)
+class RouterFaults:
+    """The router's faults (docs/faults.md): real changes to its decisions."""
+
+    cache_affinity_lost: bool = False  # prefix_aware routes as round_robin
+    routing_skew: float = 0.0  # this fraction of requests goes to `skew_instance` whatever its load
+    skew_instance: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache_affinity_lost, bool):
+            raise ValueError(f"cache_affinity_lost must be true or false, got {self.cache_affinity_lost!r}")
+        skew = self.routing_skew
+        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0 <= skew <= 1:
+            raise ValueError(f"routing_skew must be a number in [0, 1], got {skew!r}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"cache_affinity_lost": self.cache_affinity_lost, "routing_skew": self.routing_skew}
+
+
+class Router:
+    """The replicas and the policy over them."""
+
+    def __init__(self, replicas: list[Replica], config: RoutingConfig | None = None) -> None:
+        self.config = config or RoutingConfig()
+        self.replicas = replicas
+        self.by_instance = {r.instance: r for r in replicas}
+        self.faults = RouterFaults()
+        self._next = 0
+        self._rng = random.Random(self.config.seed)
+
+    @property
+    def policy(self) -> str:
+        if self.faults.cache_affinity_lost and self.config.policy == "prefix_aware":
+            return "round_robin"
+        return self.config.policy
+
+    def choose(self, hashes: list[bytes], exclude: frozenset[str] = frozenset()) -> Decision | None:
+        """The replica for a prompt with these block hashes (None: no healthy replica left)."""
+        healthy = [r for r in self.replicas if r.healthy and r.instance not in exclude]
+        if not healthy:
+            return None
+        policy = self.policy
+        matches = [r.match(hashes) for r in healthy] if hashes else [0] * len(healthy)
+        skewed = self.by_instance.get(self.faults.skew_instance)
+        if skewed in healthy and self.faults.routing_skew and self._rng.random() < self.faults.routing_skew:
+            chosen = skewed
+        elif policy == "round_robin":
+            chosen = healthy[self._next % len(healthy)]
+            self._next += 1
+        elif policy == "least_loaded" or not any(matches):
+            chosen = self._least_loaded(healthy)
+        else:
+            bound = min(r.load for r in healthy) + self.config.load_slack
+            scored = [(m, -r.load, r) for m, r in zip(matches, healthy, strict=True) if r.load <= bound]
+            best = max(scored, key=lambda s: (s[0], s[1]))
+            chosen = best[2] if best[0] else self._least_loaded(healthy)
+        candidates = [(r.instance, r.load, m) for r, m in zip(healthy, matches, strict=True)]
+        return Decision(chosen, policy, candidates, len(hashes))
+
+    def started(self, decision: Decision, hashes: list[bytes]) -> None:
+        """The request went to the chosen replica: count it, remember its blocks there."""
+        r = decision.replica
+        r.load += 1
+        r.routed += 1
+        if self.config.policy == "prefix_aware":
+            r.remember(hashes)
+
+    def finished(self, replica: Replica) -> None:
+        replica.load = max(replica.load - 1, 0)
+
+    def _least_loaded(self, healthy: list[Replica]) -> Replica:
+        """Fewest in flight; ties rotate, so an idle fleet is filled evenly."""
+        low = min(r.load for r in healthy)
+        tied = [r for r in healthy if r.load == low]
+        self._next += 1
+        return tied[self._next % len(tied)]

@@ -1,0 +1,86 @@
+"""Diagnosis across instances on generated fleets: three simulated replicas in one store, a fault on one of
+them or on all; the findings say where (diagnosis/fleet.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from diag_simulate import SimConfig, write
+
+from collector.client import StoreReader
+from collector.store import Store
+from collector.timerange import TimeRange
+from diagnosis import diagnose
+from diagnosis.fleet import ScopedReader
+
+IDS = ("r0", "r1", "r2")
+HOUR = 3600.0
+
+
+def _fleet(t0: float, faults: dict[str, dict], **per: dict) -> list[SimConfig]:
+    base = SimConfig(t0=SimConfig.t0 + t0, rate_rps=3.0, duration_s=240.0, fault_at_s=120.0)
+    out = []
+    for i, name in enumerate(IDS):
+        cfg = dataclasses.replace(base, seed=11 + i, instance=name, fault=faults.get(name, {}))
+        out.append(dataclasses.replace(cfg, **per.get(name, {})))
+    return out
+
+
+CASES = {
+    "one_stalled": _fleet(0, {"r0": {"stall_ms": 120.0}}),
+    "all_stalled": _fleet(HOUR, {n: {"stall_ms": 120.0} for n in IDS}),
+    "skewed": _fleet(2 * HOUR, {"r0": {"rate_rps": 6.5}, "r1": {"rate_rps": 1.25}, "r2": {"rate_rps": 1.25}}),
+    "lost": _fleet(3 * HOUR, {"r0": {"rate_rps": 4.5}, "r1": {"rate_rps": 4.5}}, r2={"duration_s": 120.0}),
+}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    store = Store.open(f"chdb://{tmp_path_factory.mktemp('fleet')}")
+    for sims in CASES.values():
+        for cfg in sims:
+            write(store, cfg)
+    src = StoreReader(store)
+    yield src
+    src.close()
+
+
+def _diagnose(source, case: str, src=None):
+    t0 = CASES[case][0].t0
+    window = TimeRange(t0 + 120.0, t0 + 240.0)
+    return diagnose(src or source, window, baseline=TimeRange(t0, t0 + 120.0)).to_json()
+
+
+def test_a_fault_on_one_replica_is_named_on_that_instance(source):
+    d = _diagnose(source, "one_stalled")
+    top = d["findings"][0]
+    assert top["cause"] == "scheduler_stall"
+    assert top["scope"]["kind"] == "instances" and top["scope"]["instances"] == ["r0"]
+    assert top["scope"]["share_of_regression"] >= 0.7
+
+
+def test_a_fault_on_every_replica_is_fleet_wide(source):
+    d = _diagnose(source, "all_stalled")
+    assert d["findings"][0]["cause"] == "scheduler_stall"
+    assert d["findings"][0]["scope"]["kind"] == "fleet"
+    assert d["findings"][0]["scope"]["instances"] == list(IDS)
+
+
+def test_traffic_pinned_to_one_replica_is_routing_imbalance_there(source):
+    d = _diagnose(source, "skewed")
+    top = d["findings"][0]
+    assert top["cause"] == "routing_imbalance" and top["scope"]["instances"] == ["r0"]
+
+
+def test_a_replica_that_stopped_serving_is_lost_capacity_on_it(source):
+    d = _diagnose(source, "lost")
+    top = d["findings"][0]
+    assert top["cause"] == "lost_capacity" and top["scope"] == {
+        "kind": "instances", "instances": ["r2"], "share_of_regression": pytest.approx(1 / 3, abs=0.05),
+    }  # fmt: skip
+
+
+def test_the_instance_filter_diagnoses_one_healthy_replica_as_healthy(source):
+    d = _diagnose(source, "one_stalled", ScopedReader(source, instances=["r1"]))
+    assert d["findings"] == []

@@ -1,0 +1,94 @@
+"""`stepscope serve --replicas 3` on the tiny model: real replica processes behind the router, traced over
+real OTLP/HTTP, called by the OpenTelemetry SDK's propagator as a client would."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from instrumentation import attributes as A
+from tests.instrumentation.test_serve_otlp import Serve
+from tests.support.net import wait_for
+from tests.support.otlp import OtlpReceiver
+
+TOKEN = "fleet-admin"
+ADMIN = {"authorization": f"Bearer {TOKEN}"}
+IDS = ["r0", "r1", "r2"]
+LONG = "a shared system prompt that runs for several blocks of tokens, " * 3
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    receiver = OtlpReceiver()
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "60000", "STEPSCOPE_NVML": "0"}
+    log = tmp_path_factory.mktemp("fleet") / "serve.log"
+    serve = Serve(log, "--replicas", "3", "--instance-id", ",".join(IDS), "--admin-token", TOKEN,
+                  "--otlp-endpoint", receiver.url, env=env)  # fmt: skip
+    yield serve, receiver
+    assert serve.stop() == 0
+    receiver.close()
+
+
+def test_one_trace_spans_the_caller_the_router_and_the_replica(fleet):
+    serve, receiver = fleet
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("caller").start_as_current_span("caller") as caller:
+        headers: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(headers, context=set_span_in_context(caller))
+        serve.complete("one trace, three processes", headers)
+    ctx = exporter.get_finished_spans()[0].context
+    trace_id, caller_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+    wait_for(lambda: any(s["trace_id"] == trace_id for s in receiver.named(A.SPAN_REQUEST)))
+    (route,) = [s for s in receiver.named(A.SPAN_ROUTE) if s["trace_id"] == trace_id]
+    (req,) = [s for s in receiver.named(A.SPAN_REQUEST) if s["trace_id"] == trace_id]
+    assert route["parent"] == caller_id and req["parent"] == route["span_id"]
+    assert route["resource"][A.RESOURCE_ROLE] == "router"
+    chosen = route["attrs"][A.ROUTE_INSTANCE]
+    assert chosen in IDS and req["resource"][A.RESOURCE_INSTANCE] == chosen
+    assert req["resource"][A.RESOURCE_HOST] and route["attrs"][A.ROUTE_POLICY] == "prefix_aware"
+    assert sorted(route["attrs"][A.ROUTE_CANDIDATES]) == IDS
+
+
+def test_a_repeated_prefix_goes_back_to_the_replica_that_cached_it(fleet):
+    serve, receiver = fleet
+    outs = [serve.complete(LONG + tail) for tail in ("first question", "second question")]
+    assert outs[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 3 * 16
+    wait_for(lambda: sum(A.ROUTE_INSTANCE in s["attrs"] for s in receiver.named(A.SPAN_ROUTE)) >= 3)
+    last = max(receiver.named(A.SPAN_ROUTE), key=lambda s: s["start"])
+    assert max(last["attrs"][A.ROUTE_CANDIDATE_PREFIX_BLOCKS]) >= 3
+
+
+def test_admin_targets_one_instance_and_an_unknown_one_changes_nothing(fleet):
+    serve, _ = fleet
+    bad = httpx.post(
+        serve.url + "/admin/faults", json={"instance": "r9", "scheduler_stall_ms": 5}, headers=ADMIN
+    )
+    assert bad.status_code == 400 and "r9" in bad.json()["error"]["message"]
+    bad = httpx.post(serve.url + "/admin/limits", json={"instance": "r9", "max_num_seqs": 4}, headers=ADMIN)
+    assert bad.status_code == 400
+    faults = httpx.get(serve.url + "/admin/faults", headers=ADMIN).json()
+    assert all(f["scheduler_stall_ms"] == 0 for f in faults["instances"].values())
+    ok = httpx.post(serve.url + "/admin/limits", json={"instance": "r1", "max_num_seqs": 4}, headers=ADMIN)
+    assert ok.status_code == 200
+    limits = httpx.get(serve.url + "/admin/limits", headers=ADMIN).json()
+    assert [limits[i]["max_num_seqs"] for i in IDS] == [32, 4, 32]
+
+
+def test_a_killed_replica_leaves_the_others_serving(fleet):
+    serve, _ = fleet
+    pid = next(r["pid"] for r in httpx.get(serve.url + "/health").json()["replicas"] if r["instance"] == "r2")
+    os.kill(pid, signal.SIGKILL)
+    outs = [serve.complete(f"after the loss {i}") for i in range(6)]
+    assert all(o["usage"]["completion_tokens"] == 8 for o in outs)
+    states = {r["instance"]: r["state"] for r in httpx.get(serve.url + "/health").json()["replicas"]}
+    assert states == {"r0": "healthy", "r1": "healthy", "r2": "dead"}
