@@ -48,7 +48,8 @@ def test_one_trace_spans_the_caller_the_router_and_the_replica(fleet):
         serve.complete("one trace, three processes", headers)
     ctx = exporter.get_finished_spans()[0].context
     trace_id, caller_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
-    wait_for(lambda: any(s["trace_id"] == trace_id for s in receiver.named(A.SPAN_REQUEST)))
+    for name in (A.SPAN_REQUEST, A.SPAN_ROUTE):  # the route span ends once the response is relayed
+        wait_for(lambda n=name: any(s["trace_id"] == trace_id for s in receiver.named(n)))
     (route,) = [s for s in receiver.named(A.SPAN_ROUTE) if s["trace_id"] == trace_id]
     (req,) = [s for s in receiver.named(A.SPAN_REQUEST) if s["trace_id"] == trace_id]
     assert route["parent"] == caller_id and req["parent"] == route["span_id"]
