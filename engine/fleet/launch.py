@@ -101,6 +101,12 @@ def spawn_replicas(
     """Start the replica servers: (instance, url, process) each."""
     threads = worker_threads(config, len(ids))
     env = dict(os.environ)
+    # Each replica is its own instance: a service.instance.id in OTEL_RESOURCE_ATTRIBUTES (which wins over
+    # the server's own) would make them one; the router's own resource keeps it.
+    attrs = [a for a in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
+    kept = [a for a in attrs if a.split("=", 1)[0].strip() != "service.instance.id"]
+    if len(kept) != len(attrs):
+        env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(kept)
     if admin_token:
         env["STEPSCOPE_ADMIN_TOKEN"] = admin_token  # not on the command line, where `ps` shows it
     out = []
