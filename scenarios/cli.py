@@ -129,10 +129,11 @@ def config_from_args(args: argparse.Namespace) -> object:
         raise UsageError(f"--out: {out} exists and is not a directory")
     if (out / "truth.json").exists() or (out / "metadata").exists():
         raise UsageError(f"--out: {out} already holds a run; choose a new directory")
+    default_model = ScenarioConfig.__dataclass_fields__["model"].default  # slots: no class attribute
     return ScenarioConfig(
         onset_fraction=onset_fraction, workload_of=workload_of,
         out=out.resolve(), fault=fault, value=value, duration_s=duration, onset_s=onset,
-        seed=int(args.seed), model=args.model or ("tiny" if int(replicas) > 1 else ScenarioConfig.model),
+        seed=int(args.seed), model=args.model or ("tiny" if int(replicas) > 1 else default_model),
         rate=rate, load_fraction=fraction, disagg=bool(getattr(args, "disagg", False)),
         step_spans=not getattr(args, "no_step_spans", False), scrape=bool(getattr(args, "scrape", False)),
         replicas=int(replicas), fault_instance=int(instance),
