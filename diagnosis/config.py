@@ -74,6 +74,8 @@ class DiagnosisConfig:
     cache_share_ratio: float = 0.75
     # Arrivals up by 30%: past the knee that already doubles queueing; healthy Poisson halves: ~5%.
     arrival_ratio: float = 1.3
+    # ...and significantly so (a one-sided Poisson rate test), for the rules that need arrivals flat.
+    arrival_p: float = 0.01
     # Step loop counted as busy when it runs steps this share of wall time (the rest is gaps).
     busy_share: float = 0.7
     # Mean batch size up by half: a configuration change, not drift (healthy halves within ~10%).

@@ -62,6 +62,18 @@ def two_proportion_greater(k_current: int, n_current: int, k_baseline: int, n_ba
     return _norm_sf((p1 - p2) / se)
 
 
+def rate_greater(k_current: float, t_current: float, k_baseline: float, t_baseline: float) -> float:
+    """One-sided p-value that the current Poisson rate (k events in t seconds) is larger: the conditional
+    binomial test (given all k events, the current side's share against its share of the time), by the
+    normal approximation with a continuity correction; 1.0 when undefined."""
+    n = k_current + k_baseline
+    if n <= 0 or t_current <= 0 or t_baseline <= 0:
+        return 1.0
+    p = t_current / (t_current + t_baseline)
+    se = math.sqrt(n * p * (1 - p))
+    return _norm_sf((k_current - 0.5 - n * p) / se) if se > 0 else 1.0
+
+
 def exceedance_greater(
     current: np.ndarray | list[float], baseline: np.ndarray | list[float], q: float
 ) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from diagnosis import queries
+from diagnosis import queries, stats
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
 
@@ -94,6 +94,20 @@ def best(*values: float) -> float:
 
 
 # -- evidence tests that tell look-alike causes apart (used by more than one rule) ----------------
+def arrivals_rose(facts: Facts) -> bool:
+    """Did arrivals rise: by `arrival_ratio` and beyond Poisson noise (`arrival_p`)? The rules that need
+    arrivals flat ask this: ~70 requests a side spread their ratio by ~0.17 at an unchanged rate."""
+    cfg = facts.config
+    if not facts.req_ratio("rate_rps", 1.0) >= cfg.arrival_ratio:
+        return False
+    counts = facts.req_current("arrivals"), facts.req_baseline("arrivals")
+    rates = facts.req_current("rate_rps"), facts.req_baseline("rate_rps")
+    if not all(r > 0 for r in rates):
+        return True
+    seconds = counts[0] / rates[0], counts[1] / rates[1]
+    return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < cfg.arrival_p
+
+
 def rpc_grew(facts: Facts) -> bool | None:
     """Did the front end's RPC delay grow past its thresholds? None when it is not measured."""
     cfg = facts.config

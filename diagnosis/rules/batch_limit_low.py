@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, make_finding, steps_missing, strength, ttft_share
+from diagnosis.rules.base import arrivals_rose, best, make_finding, steps_missing, strength, ttft_share
 
 CAUSE = "batch_limit_low"
 WHAT = "the batch limits in force (max_num_seqs, max_num_batched_tokens)"  # what only step spans carry
@@ -35,7 +35,8 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """A batch limit (its step-weighted mean) down by `limit_raise_ratio` and binding: for max_num_seqs the
     current batch's mean at `batch_at_cap_share` of the new cap or more, for max_num_batched_tokens (where
     steps record it) the steps that carry a prefill filled to that share of the new budget. Then queue
-    time up, arrivals below `arrival_ratio`, KV usage P90 below `kv_full_share`. Share = the queue part of
+    time up, arrivals not risen (`arrivals_rose`), KV usage P90 below
+    `kv_full_share`. Share = the queue part of
     the TTFT change. From scraped samples: max_num_seqs only, as published (the scrapes' means)."""
     cfg = facts.config
     metrics = facts.evidence_source() == "metrics"
@@ -70,7 +71,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return None  # no limit was lowered, or the load does not reach the lower one
     if not facts.req_current("queue_mean") > facts.req_baseline("queue_mean"):
         return None
-    if not facts.req_ratio("rate_rps", 1.0) < cfg.arrival_ratio:
+    if arrivals_rose(facts):
         return None
     if facts.engine_pair("kv_usage_p90")[1] >= cfg.kv_full_share:
         return None

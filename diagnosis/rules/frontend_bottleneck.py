@@ -14,7 +14,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import make_finding, strength
+from diagnosis.rules.base import arrivals_rose, make_finding, strength
 
 CAUSE = "frontend_bottleneck"
 LEVER = (
@@ -34,8 +34,8 @@ def frontend_share(facts: Facts) -> float:
 
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
-    """Mean front-end time up by `frontend_ratio` and `min_frontend_increase_s`, arrivals below
-    `arrival_ratio`. Share = the front end's part of the mean TTFT change."""
+    """Mean front-end time up by `frontend_ratio` and `min_frontend_increase_s`, arrivals not risen
+    (`arrivals_rose`). Share = the front end's part of the mean TTFT change."""
     cfg = facts.config
     if not (facts.req_baseline("with_frontend") > 0 and facts.req_current("with_frontend") > 0):
         return NotEnoughData(CAUSE, "stepscope.latency.frontend_s on llm_request (the front end's part)")
@@ -43,8 +43,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     fb, fc = facts.req_pair("frontend_mean")
     if not symptoms or not (fc - fb >= cfg.min_frontend_increase_s and fc >= cfg.frontend_ratio * fb):
         return None
-    arrivals = facts.req_ratio("rate_rps", 1.0)
-    if not arrivals < cfg.arrival_ratio:
+    if arrivals_rose(facts):
         return None
     share = frontend_share(facts)
     evidence = [

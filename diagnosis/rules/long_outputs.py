@@ -15,7 +15,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
-from diagnosis.rules.base import best, make_finding, strength, ttft_share
+from diagnosis.rules.base import arrivals_rose, best, make_finding, strength, ttft_share
 
 CAUSE = "long_outputs"
 LEVER = (
@@ -25,7 +25,8 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | None:
-    """Mean output tokens up by `long_output_ratio`, arrivals below `arrival_ratio`, prompt lengths within
+    """Mean output tokens up by `long_output_ratio`, arrivals not risen (`arrivals_rose`),
+    prompt lengths within
     `steady_prompt_ratio`, max_num_seqs not raised; with engine evidence (steps or scraped samples) the
     running batch or the waiting queue up. Share = the decode part of the mean E2E change (and of
     the TTFT change through the queue, when requests now wait for longer-running ones)."""
@@ -34,7 +35,7 @@ def evaluate(facts: Facts) -> Finding | None:
     outputs = facts.req_ratio("output_mean", 0.0)
     if not symptoms or not outputs >= cfg.long_output_ratio:
         return None
-    if not facts.req_ratio("rate_rps", 1.0) < cfg.arrival_ratio:
+    if arrivals_rose(facts):
         return None
     lengths = facts.req_ratio("input_mean", 1.0)
     if not 1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio:

@@ -109,3 +109,11 @@ def test_config_refuses_nonsense() -> None:
         DiagnosisConfig(alpha=2)
     with pytest.raises(ValueError):
         DiagnosisConfig(min_ratio_p99=0.9)
+
+
+def test_arrival_counts_within_poisson_noise_are_not_a_rise_but_a_doubling_is():
+    # 61 then 80 arrivals in two 50 s halves at one open-loop rate: x1.31, within the noise of ~70 a side
+    assert stats.rate_greater(80, 50.0, 61, 50.0) > 0.01
+    assert stats.rate_greater(140, 50.0, 70, 50.0) < 1e-4  # twice the rate
+    assert stats.rate_greater(80, 25.0, 80, 50.0) < 1e-4  # as many in half the time
+    assert stats.rate_greater(0, 50.0, 0, 50.0) == 1.0
