@@ -17,12 +17,8 @@ compiler `available()` is False and collector/traces.py converts in Python, to t
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -30,6 +26,7 @@ import pyarrow as pa
 
 from collector.otlp import PayloadError
 from collector.traces import _KIND_NAMES, _NS, _STATUS_NAMES, _STR, SCHEMA, _dictionary, _list_array
+from stepscope.native import build_library
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +67,8 @@ def _load() -> ctypes.CDLL | None:
         return _library[0]
 
 
-def _cache_dir() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "kernels"
-    return Path(os.environ.get("STEPSCOPE_KERNEL_DIR", default))
-
-
 def _build() -> Path:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + compiler.encode())
-    target = _cache_dir() / f"stepscope-spans-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return build_library("stepscope-spans", [SOURCE], FLAGS, BUILD_TIMEOUT_S)
 
 
 class _Buffer(ctypes.Structure):

@@ -19,16 +19,14 @@ warning) and the engine stays on torch ops.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
 import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from stepscope.native import build_library
 
 log = logging.getLogger(__name__)
 
@@ -258,40 +256,9 @@ class FusedOps:
         )
 
 
-def kernel_dir() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "kernels"
-    return Path(os.environ.get("STEPSCOPE_KERNEL_DIR", default))
-
-
 def _build(sources: list[Path]) -> Path:
     """Compile `sources` into one shared library (once per sources, flags, compiler and CPU); its path."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc) on PATH")
-    key = hashlib.sha256()
-    for part in [src.read_bytes() for src in sources] + [" ".join(FLAGS).encode(), compiler.encode()]:
-        key.update(part)
-    key.update(_cpu_fingerprint())
-    target = kernel_dir() / f"stepscope-kernels-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, *map(str, sources), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return build_library("stepscope-kernels", sources, FLAGS, BUILD_TIMEOUT_S, _cpu_fingerprint())
 
 
 def _cpu_fingerprint() -> bytes:
