@@ -117,6 +117,12 @@ class DiagnosisConfig:
     cpu_growth_share: float = 0.5
     # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention.
     host_overload_per_cpu: float = 1.5
+    # Load noise: a regression with no finding is the load's when arrivals and the running batch rose by
+    # at least this (but not past arrival_ratio with significance) and batch size and prefill in decode
+    # steps carry `load_share` of the step period's growth (queue and prefill of TTFT's); a healthy run
+    # at one Poisson rate: arrivals 59 -> 82 a side, batch 1.14 -> 1.59, their share of the growth 0.83.
+    load_noise_ratio: float = 1.1
+    load_share: float = 0.6
     # Long outputs: output tokens per request up by half (healthy halves: mean within ~10%).
     long_output_ratio: float = 1.5
     # Batch limit lowered: the current batch's mean at 70% of the new cap or more (it binds).

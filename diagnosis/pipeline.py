@@ -145,8 +145,11 @@ def diagnose(
     findings.sort(key=lambda f: -f.confidence)
     notes = list(_untested(facts, cfg))
     if regressions and not findings:
-        notes.append("symptoms regressed but no rule's evidence explains them")
-        findings.append(unexplained.explain(facts))
+        if by_load := unexplained.load_explains(facts):
+            notes.append(by_load)
+        else:
+            notes.append("symptoms regressed but no rule's evidence explains them")
+            findings.append(unexplained.explain(facts))
     return Diagnosis(
         window=current,
         baseline=baseline,

@@ -14,6 +14,7 @@ import numpy as np
 from diagnosis import queries
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
+from diagnosis.rules import base
 
 CAUSE = "unexplained"
 # Series compared across the split, with the unit their name carries; the ones that moved most are
@@ -115,6 +116,60 @@ def lever(facts: Facts, parts: list[tuple[str, float, float, float]]) -> str:
     return (
         f"No known cause matches. Run `{query}` ({where}); check what changed at the onset (deploys, "
         "configuration, neighbours on the host, traffic mix)."
+    )
+
+
+def load_explains(facts: Facts) -> str | None:
+    """A note when the regression is what a busier spell of the same demand does to an unchanged engine;
+    None otherwise (then the regression is `unexplained`).
+
+    Poisson arrivals at one rate put ~20-40% more requests into one half of a short run than the other;
+    more running sequences and more prefills riding in decode steps then raise TPOT and TTFT at the same
+    engine speed. That is explained, by the load, when everything else held: arrivals rose but not past
+    `arrival_ratio` with significance (`rules.base.arrivals_rose`, else it is demand growth: overload's
+    domain), the batch grew, the step time at equal batch size held (below `equal_batch_ratio`), the
+    growth of the step period is mostly batch size and prefill in decode steps (`load_share`), TTFT grew
+    in queue and prefill only, throughput and errors held, the request mix, the configuration, the cache
+    hit share, the gaps, the RPC delay, the front end and the KV transfer held. Needs step spans."""
+    cfg = facts.config
+    if facts.regressed("throughput", "error_rate") or facts.steps is None:
+        return None
+    arrivals = facts.req_ratio("rate_rps", 1.0)
+    batch = facts.step_ratio("batch_mean", 1.0)
+    if not (arrivals >= cfg.load_noise_ratio and batch >= cfg.load_noise_ratio) or base.arrivals_rose(facts):
+        return None
+    period = facts.decomposition.get("step_period", {})
+    if not period.get("available") or not period.get("equal_batch_ratio", math.inf) < cfg.equal_batch_ratio:
+        return None
+    if facts.regressed("tpot", "itl_max") and not (
+        base.period_share(facts, "batch_size", "prefill_in_decode_steps") >= cfg.load_share
+    ):
+        return None
+    if facts.regressed("ttft") and not (base.ttft_share(facts, "queue", "prefill") >= cfg.load_share):
+        return None
+    held = (
+        facts.req_ratio("input_mean", 1.0) < cfg.steady_prompt_ratio,
+        facts.req_ratio("output_mean", 1.0) < cfg.steady_prompt_ratio,
+        facts.step_ratio("max_num_seqs_mean", 1.0) < cfg.limit_raise_ratio,
+        facts.step_ratio("max_num_seqs_mean", 1.0) > 1 / cfg.limit_raise_ratio,
+        not base.chunking_turned_off(facts),
+        period.get("bytes_ratio_equal_batch", 1.0) < cfg.bytes_ratio,
+        facts.req_baseline("cached_share") - facts.req_current("cached_share") < cfg.cache_share_drop / 2,
+        not base.gaps_grew(facts),
+        base.rpc_grew(facts) is not True,
+        facts.req_current("frontend_mean") - facts.req_baseline("frontend_mean")
+        < cfg.min_frontend_increase_s,
+        base.ttft_share(facts, "kv_transfer") < cfg.kv_transfer_share_increase
+        or not facts.req_current("with_kv_transfer") > 0,
+    )
+    if not all(held):
+        return None
+    bb, bc = facts.step_pair("batch_mean")
+    return (
+        f"the symptoms moved with a busier spell of the same demand: arrivals x{arrivals:.2f} (short of a "
+        f"significant rise past x{cfg.arrival_ratio}), running batch {bb:.2f} -> {bc:.2f}, step time at "
+        f"equal batch x{period['equal_batch_ratio']:.2f}; request mix, configuration and engine speed "
+        "unchanged (no finding)"
     )
 
 

@@ -16,6 +16,9 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     "healthy_0": (SimConfig(seed=10, fault_at_s=None), None),
     "healthy_1": (SimConfig(seed=11, fault_at_s=None, shared_fraction=0.5), None),
     "healthy_2": (SimConfig(seed=12, fault_at_s=None, long_fraction=0.1, rate_rps=3.0), None),
+    # One rate's busier spell: a fifth more arrivals in the second half (short of demand growth), more
+    # running sequences, TPOT and TTFT up at an unchanged engine speed. The load explains it: no finding.
+    "healthy_busier_spell": (SimConfig(seed=30, fault={"rate_rps": 4.8}), None),
     "prefix_cache_miss": (
         SimConfig(seed=1, shared_fraction=0.8, fault={"prefix_change_fraction": 0.6}),
         "prefix_cache_miss",

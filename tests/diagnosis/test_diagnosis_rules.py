@@ -99,6 +99,15 @@ def test_healthy_runs_give_no_finding(scenario_source: StoreReader, name: str) -
     assert diagnose(scenario_source, window=before, baseline=after).findings == ()
 
 
+def test_a_busier_spell_of_the_same_demand_regresses_and_the_load_explains_it(
+    scenario_source: StoreReader,
+) -> None:
+    result = diagnose(scenario_source, window=whole("healthy_busier_spell")).to_json()
+    assert {"tpot_p50", "tpot_p99"} <= {r["metric"] for r in result["regressions"]}
+    assert result["findings"] == []
+    assert any("busier spell of the same demand" in note for note in result["notes"])
+
+
 def test_vllm_shaped_trace_gives_request_level_findings_only(scenario_source: StoreReader) -> None:
     before, after = halves("vllm_overload")
     result = diagnose(scenario_source, window=after, baseline=before).to_json()
