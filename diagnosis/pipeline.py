@@ -101,6 +101,7 @@ def diagnose(
     unknown = sorted(set(without_rules) - set(RULE_CAUSES))
     if unknown:
         raise ValueError(f"unknown cause {', '.join(unknown)}; choose from {', '.join(RULE_CAUSES)}")
+    asked = (window, baseline)
     found = F.bounds(source, window)
     if not found["requests"]:
         return Diagnosis(window, baseline, notes=("no requests in the window",), data={"requests": 0})
@@ -139,9 +140,13 @@ def diagnose(
                 continue
             out = rule.evaluate(scope_facts)
             if isinstance(out, Finding):
-                findings.append(_scoped(out, loc, source, facts))
+                findings.append(_scoped(out, loc, source, facts.window, cfg))
             elif isinstance(out, NotEnoughData):
                 lacking.append(out)
+    if not findings and not regressions and not loc.lost and len(loc.rows) > 1:
+        alone = _instances_alone(source, *asked, cfg, without_rules, sorted(loc.rows))
+        if alone is not None:
+            return alone
     findings.sort(key=lambda f: -f.confidence)
     notes = list(_untested(facts, cfg))
     if regressions and not findings:
@@ -194,18 +199,54 @@ def _scope_facts(
     return dataclasses.replace(sub_facts, decomposition=decompose(sub_facts))
 
 
-def _scoped(finding: Finding, loc: Localization, source: Reader, facts: F.Facts) -> Finding:
+def _instances_alone(
+    source: Reader,
+    window: TimeRange | None,
+    baseline: TimeRange | None,
+    cfg: DiagnosisConfig,
+    without_rules: tuple[str, ...],
+    instances: list[str],
+) -> Diagnosis | None:
+    """The fleet's symptoms held, but one instance's may have regressed on its own, diluted in the fleet's
+    average (one replica held to a third of the time while its peers, given the cores it left, sped up):
+    each instance diagnosed alone, at `alpha` over the number of instances. A diagnosis scoped to the
+    instances that regressed, or None when none did, or all did (then it is the fleet's)."""
+    strict = dataclasses.replace(cfg, alpha=cfg.alpha / len(instances))
+    alone = {n: diagnose(ScopedReader(source, instances=[n]), window, baseline, strict, without_rules)
+             for n in instances}  # fmt: skip
+    hit = {n: d for n, d in alone.items() if d.regressions}
+    if not hit or len(hit) == len(instances):
+        return None
+    order = sorted(hit, key=lambda n: -max((f.confidence for f in hit[n].findings), default=0.0))
+    findings = []
+    for n in order:
+        d = hit[n]
+        loc = Localization("instances", (n,), 1.0, d.regressions[0].family)
+        cut = TimeRange(d.window.start, d.window.end) if d.window else window
+        findings += [_scoped(dataclasses.replace(f, scope=None), loc, source, cut, cfg) for f in d.findings]
+    findings.sort(key=lambda f: -f.confidence)
+    worst = hit[order[0]]
+    note = (
+        f"the fleet's symptoms held; {', '.join(order)} regressed on its own (each instance diagnosed "
+        f"alone, alpha {strict.alpha:g})"
+    )
+    return dataclasses.replace(worst, findings=tuple(findings), notes=(note, *worst.notes))
+
+
+def _scoped(
+    finding: Finding, loc: Localization, source: Reader, window: TimeRange, cfg: DiagnosisConfig
+) -> Finding:
     """The finding with its scope; on a subset, with its step time against its healthy peers' at equal
     batch size in the same window."""
     if finding.scope is not None:
         return finding
     if loc.kind != "instances":
         return dataclasses.replace(finding, scope=loc.scope())
-    ratio = peer_step_ratio(source, facts.window, loc.instances)
+    ratio = peer_step_ratio(source, window, loc.instances)
     if not math.isfinite(ratio):
         return dataclasses.replace(finding, scope=loc.scope())
     summary = finding.summary
-    if not 1 / facts.config.min_ratio_p99 < ratio < facts.config.min_ratio_p99:  # worth saying
+    if not 1 / cfg.min_ratio_p99 < ratio < cfg.min_ratio_p99:  # worth saying
         summary += f"; {', '.join(loc.instances)}'s step time at equal batch is {ratio:.1f}x its peers'"
     evidence = (*finding.evidence, Evidence("step_time_vs_peers_at_equal_batch", 1.0, ratio))
     return dataclasses.replace(finding, scope=loc.scope(), summary=summary, evidence=evidence)

@@ -48,7 +48,8 @@ class Fault:
     neighbours: Callable[[float], int] | None = None
     # Fleets (`--replicas N`): faults sent to the router's /admin/faults with the targeted instance (the
     # router's own, or an engine fault for that replica alone), or a process action on the targeted
-    # replica (scenarios/fleet.py): "kill". A fleet fault needs at least two replicas.
+    # replica (scenarios/fleet.py): "kill", or "throttle" (held to 1/value of the time). A fleet fault
+    # needs at least two replicas.
     router: Callable[[float], dict[str, object]] | None = None
     action: str | None = None
     fleet: bool = False
@@ -197,11 +198,13 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "replica_slow",
-            "fleet: N busy threads in one replica's core process (--fault-instance K)",
-            2,
-            (1, 3),
-            # the engine fault aimed at one instance through the router (`instance` in /admin/faults)
-            router=lambda v: {"busy_threads": int(v)},
+            "fleet: one replica's processes held to 1/X of the time (--fault-instance K)",
+            # Stopped and resumed every 10 ms, as a CPU quota holds a container: its steps take K times
+            # as long at the same CPU time, and the cores it leaves go to its peers (busy threads inside
+            # it instead took the cores from every replica on a shared host: all of them slowed).
+            3.0,
+            (2.5, 4.0),
+            action="throttle",
             fleet=True,
         ),
         Fault(
@@ -274,4 +277,6 @@ def parse_fault(text: str) -> tuple[str, float | None]:
         raise ValueError(f"fault {name}: expected a number, got {raw!r}") from None
     if value <= 0 or (name in ("prefix_cache_miss", "kv_cache_pressure", "routing_skew") and value > 1):
         raise ValueError(f"fault {name}: value out of range: {raw}")
+    if name == "replica_slow" and value <= 1:
+        raise ValueError(f"fault {name}: the slowdown must be above 1, got {raw}")
     return name, value

@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +43,8 @@ from scenarios.procs import (
 )
 from stepscope.procs import free_port
 
+Undo = Callable[[], None]
+
 
 # -- the run --------------------------------------------------------------------------------------
 async def _admin(url: str, path: str, token: str, body: dict[str, object] | None = None) -> dict[str, Any]:
@@ -57,7 +60,7 @@ async def _admin(url: str, path: str, token: str, body: dict[str, object] | None
     return r.json()
 
 
-def _fleet_fault(cfg: ScenarioConfig, fault: Fault, url: str, token: str) -> None:
+def _fleet_fault(cfg: ScenarioConfig, fault: Fault, url: str, token: str, undo: list[Undo]) -> None:
     """A fleet fault on replica `cfg.fault_instance`: the router's own faults, or a process action."""
     replica = fleet.replica_ids(url)[cfg.fault_instance]
     if fault.router is not None:
@@ -67,10 +70,21 @@ def _fleet_fault(cfg: ScenarioConfig, fault: Fault, url: str, token: str) -> Non
     if fault.action == "kill":
         cfg.log(f"scenario: onset: killing replica {replica['instance']} (pid {replica['pid']})")
         fleet.kill_replica(replica)
+    if fault.action == "throttle":
+        pids = fleet.tree(int(replica["pid"]))
+        share = f"1/{cfg.value:g}"
+        cfg.log(f"scenario: onset: replica {replica['instance']} (pids {pids}) held to {share} of the time")
+        undo.append(fleet.Throttle(pids, cfg.value or 0.0).start().stop)
+
+
+def undo_all(undo: list[Undo]) -> None:
+    """Take back what the fault started (busy processes, a throttle), latest first."""
+    while undo:
+        undo.pop()()
 
 
 async def _switch_at(
-    cfg: ScenarioConfig, url: str, token: str, t0: float, stop: asyncio.Event, neighbours: list | None = None
+    cfg: ScenarioConfig, url: str, token: str, t0: float, stop: asyncio.Event, undo: list[Undo]
 ) -> float | None:
     """At the onset, apply the fault's limits or engine faults; returns the unix time it went on."""
     fault = FAULTS[cfg.fault] if cfg.fault else None
@@ -93,12 +107,13 @@ async def _switch_at(
         body = fault.engine(cfg.value or 0.0)
         cfg.log(f"scenario: onset: /admin/faults {body}")
         await _admin(url, "/admin/faults", token, body)
-    if fault.neighbours is not None and neighbours is not None:
+    if fault.neighbours is not None:
         n = fault.neighbours(cfg.value or 0.0)
         cfg.log(f"scenario: onset: {n} busy processes on the engine's cores")
-        neighbours += start_neighbours(n)
+        busy = start_neighbours(n)
+        undo.append(lambda: stop_neighbours(busy))
     if fault.fleet:
-        await asyncio.to_thread(_fleet_fault, cfg, fault, url, token)
+        await asyncio.to_thread(_fleet_fault, cfg, fault, url, token, undo)
     if fault.shift is not None:
         cfg.log(f"scenario: onset: workload shift {fault.shift(cfg.value or 0.0)}")
     return onset
@@ -110,10 +125,10 @@ async def drive(
     token: str,
     rate: float | None,
     stop: asyncio.Event,
-    neighbours: list | None = None,
+    undo: list[Undo],
 ) -> dict[str, Any]:
     """Run both streams with the fault's shift from the onset, and switch the fault's knobs at the onset
-    (busy processes it starts are added to `neighbours`, for the caller to stop)."""
+    (what it starts, busy processes or a throttle, is added to `undo`, for the caller to take back)."""
     fault = FAULTS[cfg.fault] if cfg.fault else None
     shifts = (WorkloadShift(cfg.onset, **fault.shift(cfg.value or 0.0)),) if fault and fault.shift else ()
     mixed, shared = workloads(cfg.seed, shifts, fault_workload(cfg))
@@ -123,7 +138,7 @@ async def drive(
     runs = asyncio.gather(
         run_load(url, mixed, load_a, opts, stop=stop),
         run_load(url, shared, load_b, replace(opts, first_index=1_000_000), stop=stop),
-        _switch_at(cfg, url, token, t0, stop, neighbours),
+        _switch_at(cfg, url, token, t0, stop, undo),
     )
     a, b, onset = await runs
     if (
@@ -172,7 +187,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     token = secrets.token_hex(16)
     load_before = os.getloadavg()[0]
     procs: list[Proc] = []
-    neighbours: list = []  # busy processes of a cpu_contention run
+    undo: list[Undo] = []  # busy processes of a cpu_contention run, a replica's throttle
     instance = None
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
@@ -192,13 +207,13 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         )
         if cfg.replicas > 1:
             instance = fleet.replica_ids(url)[cfg.fault_instance]["instance"]
-        run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate, neighbours))
-        stop_neighbours(neighbours)
+        run = asyncio.run(_drive_until_interrupted(cfg, url, token, rate, undo))
+        undo_all(undo)
         server.stop()
         n = wait_flushed(collector_url)
         cfg.log(f"scenario: {n} requests stored; issued {run['summary']['issued']}")
     finally:
-        stop_neighbours(neighbours)
+        undo_all(undo)
         for p in reversed(procs):
             p.stop()
     truth = {
@@ -230,11 +245,11 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
 
 
 async def _drive_until_interrupted(
-    cfg: ScenarioConfig, url: str, token: str, rate: float | None, neighbours: list
+    cfg: ScenarioConfig, url: str, token: str, rate: float | None, undo: list[Undo]
 ) -> dict[str, Any]:
     stop = asyncio.Event()
     try:
-        return await drive(cfg, url, token, rate, stop, neighbours)
+        return await drive(cfg, url, token, rate, stop, undo)
     except asyncio.CancelledError:
         stop.set()
         raise

@@ -4,6 +4,9 @@ saturated socket, a busy front-end event loop).
 Evidence: the front end's measured delay between the core producing a token and receiving it
 (`rpc_delay_s`) grew. Look-alike scheduler_stall: only time between steps inside the core grew (core-side
 encode time also shows there, which is why the front-end delay is the discriminating measurement).
+Look-alike compute_slowdown: a replica held to a share of the CPU delays its front end's reads too, but
+its steps also take longer at equal batch size, which a channel cannot do (the core encodes between
+steps): then this rule stays out.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     rb, rc = facts.req_baseline("rpc_delay_mean"), facts.req_current("rpc_delay_mean")
     if not symptoms or not rpc_grew(facts):
         return None
+    period = facts.decomposition.get("step_period", {})
+    if period.get("available") and period.get("equal_batch_ratio", 1.0) >= cfg.equal_batch_ratio:
+        return None  # the steps themselves got slower: the host or the device, not the channel
     gap = facts.step_current("work_gap_mean") - facts.step_baseline("work_gap_mean")
     if not channel_dominates(facts):
         return None  # the gaps between steps grew far more: the loop stalled, the channel did not

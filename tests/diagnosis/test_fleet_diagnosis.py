@@ -31,6 +31,16 @@ CASES = {
     "one_stalled": _fleet(0, {"r0": {"stall_ms": 120.0}}),
     "all_stalled": _fleet(HOUR, {n: {"stall_ms": 120.0} for n in IDS}),
     "skewed": _fleet(2 * HOUR, {"r0": {"rate_rps": 6.5}, "r1": {"rate_rps": 1.25}, "r2": {"rate_rps": 1.25}}),
+    # r0 held to a share of the CPU: its steps wait; routing sends it less, and its peers, given the cores
+    # it left, speed up. The fleet's percentiles hold; r0's own regress.
+    "diluted": _fleet(
+        4 * HOUR,
+        {
+            "r0": {"cpu_wait_factor": 1.6, "rate_rps": 1.5},
+            "r1": {"clock_factor": 0.6, "rate_rps": 3.75},
+            "r2": {"clock_factor": 0.6, "rate_rps": 3.75},
+        },
+    ),
     "lost": _fleet(3 * HOUR, {"r0": {"rate_rps": 4.5}, "r1": {"rate_rps": 4.5}}, r2={"duration_s": 120.0}),
 }
 
@@ -71,6 +81,17 @@ def test_traffic_pinned_to_one_replica_is_routing_imbalance_there(source):
     d = _diagnose(source, "skewed")
     top = d["findings"][0]
     assert top["cause"] == "routing_imbalance" and top["scope"]["instances"] == ["r0"]
+
+
+def test_one_replica_regressing_inside_a_steady_fleet_average_is_found_on_it(source):
+    d = _diagnose(source, "diluted")
+    assert d["notes"][0].startswith("the fleet's symptoms held; r0 regressed on its own")
+    assert {"tpot_p50", "ttft_p50"} <= {r["metric"] for r in d["regressions"]}  # r0's own
+    top = d["findings"][0]
+    assert top["cause"] == "compute_slowdown" and top["scope"]["instances"] == ["r0"]
+    assert top["scope"]["kind"] == "instances"
+    peers = {e["metric"]: e["current"] for e in top["evidence"]}["step_time_vs_peers_at_equal_batch"]
+    assert peers > 2
 
 
 def test_a_replica_that_stopped_serving_is_lost_capacity_on_it(source):
