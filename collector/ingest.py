@@ -100,6 +100,7 @@ class Ingestor:
         self._sizes: dict[str, int] = {}  # spool file name -> rows, of batches decoded at insert
         self._native = False  # spans through the compiled decoder (set in start())
         self._finishing = False
+        self.trace_groups = 0  # groups inserted with spans in them (the SGLang assembler waits for one)
         self._attempts: dict[str, int] = {}
         self._alone: set[str] = set()  # entries to insert one by one after their group kept failing
         self._convert_workers = convert_workers
@@ -279,6 +280,8 @@ class Ingestor:
         finally:
             self._finishing = False
         self._forget(entries)
+        if "otel_traces" in merged.tables:
+            self.trace_groups += 1
         self._set_up()
         return True
 

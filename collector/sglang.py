@@ -15,7 +15,8 @@ The stage slices come from the scheduler process, the root from the tokenizer: d
 different batches, and no materialized view can join them as they arrive. The assembler runs in the
 collector: every ASSEMBLE_EVERY_S it inserts, with one INSERT ... SELECT, a `requests` row for every SGLang
 request root that ended at least `grace_s` ago and has none yet, its phases summed from the slices under
-its thread spans:
+its thread spans. It passes only while spans arrive (and for `grace_s` and two passes after the last
+ones), so a collector that receives no spans runs no query:
 
     queue_s = prefill_waiting (+ decode_waiting on a decode worker), prefill_s = prefill_forward,
     decode_s = decode_loop, kv_transfer_s = the bootstrap and transfer slices,
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from collector.store import Store
 
@@ -108,8 +110,9 @@ SETTINGS join_use_nulls = 0
 class SglangAssembler:
     """The background task: `start(ingestor, config)` (collector.server.BackgroundTask) starts it."""
 
-    def __init__(self, store_of: object, grace_s: float) -> None:
+    def __init__(self, store_of: object, grace_s: float, progress: Callable[[], int] = lambda: 0) -> None:
         self._store_of = store_of  # () -> Store | None: the collector's store once open
+        self._progress = progress  # () -> a number that changes when spans were inserted
         self.grace_s = grace_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sglang-assemble", daemon=True)
@@ -117,7 +120,11 @@ class SglangAssembler:
 
     @classmethod
     def start(cls, ingestor: object, config: object) -> SglangAssembler:
-        task = cls(lambda: ingestor.store, float(config.assemble_grace_s))  # type: ignore[attr-defined]
+        task = cls(
+            lambda: ingestor.store,  # type: ignore[attr-defined]
+            float(config.assemble_grace_s),  # type: ignore[attr-defined]
+            lambda: ingestor.trace_groups,  # type: ignore[attr-defined]
+        )
         task._thread.start()
         return task
 
@@ -127,15 +134,21 @@ class SglangAssembler:
 
     def _run(self) -> None:
         lookback = FIRST_LOOKBACK_S
+        seen: int | None = None  # the first pass always runs: roots stored before a restart
+        until = 0.0  # pass until then: the last spans' roots are past their grace
         while not self._stop.wait(ASSEMBLE_EVERY_S):
+            mark, now = self._progress(), time.monotonic()
+            if mark != seen:
+                seen, until = mark, now + self.grace_s + 2 * ASSEMBLE_EVERY_S
             store = self._store_of()  # type: ignore[operator]
-            if store is None:
+            if store is None or now > until:
                 continue
             try:
                 self.assemble_once(store, lookback)
                 lookback = LOOKBACK_S
             except Exception as e:  # the store is down or refused: the next pass covers this one's roots
                 log.warning("assembling SGLang requests failed: %s", e)
+                until = max(until, now + 2 * ASSEMBLE_EVERY_S)
 
     def assemble_once(self, store: Store, lookback_s: float) -> None:
         """Insert the rows of SGLang roots that ended in [now - lookback_s, now - grace_s) and have none."""
