@@ -15,6 +15,8 @@ of the run with the least CPU, by its name in diagnosis/queries.py, plus `python
 queries), load_avg_1m (the machine's load when the runs ended), steps_parts, insert_seconds (the insert and
 its merges are waited for before the runs: they run in this process), top_cause, fleet_seconds (the
 instance comparison's queries: at 256 instances against 16, what localization costs as a fleet grows).
+The same goes to `benchmarks/results/<date>-<commit>-diagnosis_latency.json` with the CPU model, core count,
+load average before and after, and the arguments (stepscope/results.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any
@@ -30,6 +33,7 @@ from typing import Any
 from collector.client import StoreReader
 from collector.store import QueryResult, Store
 from diagnosis import TimeRange, diagnose, queries
+from stepscope import results
 
 T0 = 1_760_000_000
 SPAN_S = 3600
@@ -126,6 +130,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="diagnoses of the same store; best is reported")
     parser.add_argument("--dir", help="chDB directory, kept (default: a temporary one, removed after)")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     path = args.dir or tempfile.mkdtemp(prefix="stepscope-diag-bench-")
     insert_s = 0.0
     try:
@@ -168,6 +173,7 @@ def main() -> None:
         f"diagnosed {out['requests']:,} requests, {out['step_rows']:,} steps: {seconds:.2f} s wall, "
         f"{cpu_seconds:.2f} CPU-s (best of {len(runs)}, load {out['load_avg_1m']}) ({top})"
     )
+    print(f"wrote {results.write('diagnosis_latency', out, vars(args), load_before)}", file=sys.stderr)
     print(json.dumps(out))
 
 

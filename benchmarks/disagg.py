@@ -10,7 +10,8 @@ Each gets two warm-up requests, then the same seeded open-loop Poisson traffic f
 library: chat (short prompts, 24-token answers) and summarization (1024-token documents, 8-token answers).
 Figures are client-side, for the chat requests: P99 TTFT and TPOT; ratios are disaggregated over colocated.
 The KV bandwidth is the prefill worker's bytes sent over its time spent writing (router /metrics).
-The last line printed is one JSON object.
+The last line printed is one JSON object; the same goes to `benchmarks/results/<date>-<commit>-disagg.json`
+with the CPU model, core count, load average before and after, and the arguments (stepscope/results.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import httpx
 from loadgen.metrics import percentiles
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from loadgen.workloads import LengthDist, Workload, WorkloadConfig
+from stepscope import results
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 
@@ -84,7 +86,7 @@ def workloads(seed: int) -> tuple[Workload, Workload]:
 async def drive(url: str, args: argparse.Namespace) -> list:
     chat, docs = workloads(args.seed)
     opts = RunOptions(model=args.model, timeout_s=600, drain_timeout_s=240, seed=args.seed)
-    results = await asyncio.gather(
+    runs = await asyncio.gather(
         run_load(url, chat, LoadSpec(rate=args.chat_rate, duration_s=args.duration), opts),
         run_load(
             url,
@@ -93,7 +95,7 @@ async def drive(url: str, args: argparse.Namespace) -> list:
             replace(opts, first_index=10**6),
         ),
     )
-    return [r for res in results for r in res.records]
+    return [r for run in runs for r in run.records]
 
 
 def figures(records: list) -> dict[str, float | int | None]:
@@ -164,6 +166,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tmp", default="/tmp/stepscope-bench-disagg")
     args = p.parse_args()
+    load_before = os.getloadavg()
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     threads = [
@@ -196,6 +199,7 @@ def main() -> None:
         f"KV link {result['kv_bandwidth_mb_s']} MB/s",
         file=sys.stderr,
     )
+    print(f"wrote {results.write('disagg', result, vars(args), load_before)}", file=sys.stderr)
     print(json.dumps(result))
 
 

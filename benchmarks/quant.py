@@ -16,14 +16,17 @@
   Free-running int8 decoding is also reported as the matching prefix until the first different token
   (`greedy_prefix_agreement`): on random weights one flip sends the rest elsewhere (docs/engine.md).
 
-The last line printed is one JSON object.
+The last line printed is one JSON object; the same goes to `benchmarks/results/<date>-<commit>-quant.json`
+with the CPU model, core count, load average before and after, and the arguments (stepscope/results.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import sys
 import time
 
 import torch
@@ -36,6 +39,7 @@ from engine.llm import LLM
 from engine.reference import SingleSequence, continuation_logits
 from engine.request import EngineRequest
 from engine.sequence import Sequence
+from stepscope import results
 
 BATCHES = (1, 8, 32)
 CONTINUATION = 64
@@ -136,6 +140,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    load_before = os.getloadavg()
     torch.set_num_threads(args.threads)
 
     base = dict(model=args.model, num_kv_blocks=512, num_threads=args.threads, seed=args.seed)
@@ -176,6 +181,8 @@ def main() -> None:
         "kv_int8_capacity_ratio_vs_bf16": round(capacity["int8"] / capacity["bf16"], 3),
         **agree,
     }
+    path = results.write("quant", result, vars(args), load_before)
+    print(f"wrote {path}", file=sys.stderr)
     print(json.dumps(result))
 
 

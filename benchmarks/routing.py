@@ -16,7 +16,9 @@
 3. `router_ttft_p50_overhead_ms`: `serve --replicas 1`; requests alternate between the router and the
    replica's own port (the same engine), streaming, one at a time; P50 TTFT through the router minus
    P50 direct.
-The last line printed is one JSON object. Figures from a shared machine move with its neighbours' load.
+The last line printed is one JSON object; the same goes to `benchmarks/results/<date>-<commit>-routing.json`
+with the CPU model, core count, load average before and after, and the arguments (stepscope/results.py).
+Figures from a shared machine move with its neighbours' load.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from engine.fleet.routing import Replica, Router, RoutingConfig, block_hashes
+from stepscope import results
 from stepscope.procs import Proc, free_port
 
 
@@ -129,6 +132,7 @@ def main() -> int:
     p.add_argument("--kv-blocks", type=int, default=320, help="per replica (the single engine gets 3x)")
     p.add_argument("--overhead-requests", type=int, default=200)
     args = p.parse_args()
+    load_before = os.getloadavg()
     logs = Path(tempfile.mkdtemp(prefix="stepscope-routing-"))
     texts = prompts(args.requests, args.prefixes, args.prefix_tokens)
     common = ("--num-threads", "1", "--max-num-seqs", "8")
@@ -172,6 +176,7 @@ def main() -> int:
         f"{o['tput_ratio']:.2f}x round_robin's throughput; a decision among 64 replicas P99 "
         f"{o['route_p99_us_64']:.0f} us; router +{o['router_ttft_p50_overhead_ms']:.2f} ms P50 TTFT"
     )
+    print(f"wrote {results.write('routing', out, vars(args), load_before)}", file=sys.stderr)
     print(json.dumps(out))
     return 0
 

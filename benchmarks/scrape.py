@@ -12,7 +12,9 @@ collector's CPU time (user + system, its worker processes included) is read over
 `cpu_share` = collector CPU seconds / wall seconds while scraping (1.0 = one core busy); `idle_cpu_share`
 is the same collector with no targets over the same window, run first; `scrape_cpu_share` is the
 difference: what scraping costs. `samples_per_s` is the mapped samples stored per second (checked with
-count() at the end). The last line is one JSON object.
+count() at the end). The last line is one JSON object; the same goes to
+`benchmarks/results/<date>-<commit>-scrape.json` with the CPU model, core count, load average before and
+after, and the arguments (benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import results  # noqa: E402
 from benchmarks.ingest import cpu_seconds  # noqa: E402
 from stepscope.procs import free_port  # noqa: E402
 
@@ -108,6 +111,7 @@ def main() -> int:
         return 0
     from alerting.rules import parse_duration
 
+    load_before = os.getloadavg()
     interval_s = parse_duration(args.interval)
     work = Path(tempfile.mkdtemp(prefix="stepscope-scrape-bench-"))
     port = free_port()
@@ -159,6 +163,8 @@ def main() -> int:
         f"{args.targets} targets every {interval_s:g}s: collector {share:.1%} of a core "
         f"({idle_share:.1%} idle), {up} up, {result['samples_per_s']} samples/s"
     )
+    arguments = {k: v for k, v in vars(args).items() if k != "serve"}
+    print(f"wrote {results.write('scrape', result, arguments, load_before)}", file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -21,7 +21,9 @@ with events recorded, and the span building plus OTLP protobuf encoding of every
 exporter would export is timed on its own (thread CPU time), per output token, against the untraced
 server's CPU per token: `est_overhead_pct` (the front end's per-request span is left out: ~0.2 ms a
 request). The last line printed is one JSON object: off_tok_s, on_tok_s (medians), overhead_pct,
-the per-pair overheads, the load average, the runs.
+the per-pair overheads, the load average, the runs; the same goes to
+`benchmarks/results/<date>-<commit>-tracing_overhead.json` with the CPU model, core count, load average
+before and after, and the arguments (stepscope/results.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import httpx
 
+from stepscope import results
 from stepscope.procs import Proc, free_port
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
@@ -236,6 +239,7 @@ def main() -> None:
     p.add_argument("--threads", default="1", help="torch threads of each server (default: %(default)s)")
     p.add_argument("--logs", default="/tmp/stepscope-tracing-overhead", help="server logs go here")
     args = p.parse_args()
+    load_before = os.getloadavg()
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     receiver = Receiver()
@@ -316,6 +320,7 @@ def main() -> None:
         f"{result['cpu_overhead_pct']}% CPU per token, {result['est_overhead_pct']}% estimated from the "
         f"span building and encoding cost ({args.model})"
     )
+    print(f"wrote {results.write('tracing_overhead', result, vars(args), load_before)}", file=sys.stderr)
     print(json.dumps(result))
 
 
