@@ -117,6 +117,7 @@ class EngineCore:
         self.record_events = record_events
         self.events = EventBuffer()
         self.step_id = 0
+        self.last_step_tokens = 0  # tokens the latest step scheduled (reported with its stats)
         self._prev_end_ns = 0
 
     # -- requests ----------------------------------------------------------------------------
@@ -162,6 +163,7 @@ class EngineCore:
         start_ns, cpu_start_ns = time.monotonic_ns(), time.thread_time_ns()
         sched = self.scheduler.schedule()
         schedule_end_ns = time.monotonic_ns()
+        self.last_step_tokens = sched.num_tokens
         if sched.empty:
             return self.scheduler.update_from_output(sched, {}, schedule_end_ns)
         result = self.runner.execute(sched)

@@ -142,6 +142,7 @@ class AsyncEngineClient:
         self.info = core.ready.info
         self.stats = EngineStats(kv_blocks_total=int(core.ready.info["num_kv_blocks"]))
         self.alive = False
+        self._on_step: Callable[[int], None] | None = None
         self._admin: dict[int, asyncio.Future[AdminReply]] = {}
         self._admin_seq = 0
         self._writer: asyncio.StreamWriter | None = None
@@ -184,6 +185,9 @@ class AsyncEngineClient:
 
     def extra_metrics(self) -> str:
         return ""
+
+    def watch_steps(self, observe: Callable[[int], None]) -> None:
+        self._on_step = observe
 
     def abort(self, req_id: str) -> None:
         """Forget the request and tell the core to free it (synchronous: safe in `finally`)."""
@@ -249,6 +253,8 @@ class AsyncEngineClient:
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, Outputs):
             self.stats = msg.stats
+            if msg.stats.step_tokens and self._on_step is not None:
+                self._on_step(msg.stats.step_tokens)
             now_ns = time.monotonic_ns()  # once per frame: it arrived (and decoded) now
             for out in msg.outputs:
                 queue = self.queues.get(out.req_id)

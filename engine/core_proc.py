@@ -87,7 +87,9 @@ class CoreLoop:
                 with self.faults.step_lock:  # uncontended unless the scheduler_stall fault is on
                     outputs = core.step()
                 self.sink(core.drain_events())  # once per step, so the buffer never grows
-                self.channel.send(Outputs(outputs, EngineStats.from_core(core.stats())))
+                stats = EngineStats.from_core(core.stats())
+                stats.step_tokens = core.last_step_tokens
+                self.channel.send(Outputs(outputs, stats))
 
     def apply(self, msg: Message) -> None:
         if isinstance(msg, Add):

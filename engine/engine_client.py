@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -100,4 +101,9 @@ class EngineClient(Protocol):
 
     def extra_metrics(self) -> str:
         """Prometheus lines appended to `/metrics` ("" for none)."""
+        ...
+
+    def watch_steps(self, observe: Callable[[int], None]) -> None:
+        """Call `observe(tokens)` for every engine step the client hears of (with the tokens it
+        scheduled); a client that hears of none never calls it."""
         ...

@@ -31,6 +31,10 @@ E2E_BUCKETS_S = (
 )  # fmt: skip
 
 
+# vLLM's buckets for tokens per engine step.
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 @dataclass(slots=True)
 class Histogram:
     """Cumulative-on-render histogram: `counts[i]` holds observations in (buckets[i-1], buckets[i]]."""
@@ -70,6 +74,7 @@ class ServerMetrics:
         self.queue = Histogram(E2E_BUCKETS_S)
         self.prefill = Histogram(E2E_BUCKETS_S)
         self.decode = Histogram(E2E_BUCKETS_S)
+        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)  # per engine step, as the core reports
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success: dict[str, int] = {}  # finished_reason -> requests
@@ -153,6 +158,7 @@ class ServerMetrics:
             ("vllm:request_queue_time_seconds", self.queue, "Time waiting, per finished request."),
             ("vllm:request_prefill_time_seconds", self.prefill, "Time in prefill, per finished request."),
             ("vllm:request_decode_time_seconds", self.decode, "Time in decode, per finished request."),
+            ("vllm:iteration_tokens_total", self.iteration_tokens, "Tokens scheduled per engine step."),
         ):
             metric(name, "histogram", help_text, hist.lines(name, lb))
         # vLLM's cache configuration as an info metric; num_gpu_blocks is the pool now (it can be resized)

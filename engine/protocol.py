@@ -33,7 +33,7 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _SAMPLING = struct.Struct("<iddiqBB")  # max_tokens, temperature, top_p, top_k, seed, has_seed, ignore_eos
 _OUTPUT = struct.Struct("<Biii5q")  # finished, prompt, cached, preemptions, 5 timings
-_STATS = struct.Struct("<iiiidqqqq")
+_STATS = struct.Struct("<iiiidqqqqi")
 
 if array("i").itemsize != 4:  # pragma: no cover - every platform Python supports today
     raise ImportError("array('i') is not 32-bit here; the codec needs int32 token ids")
@@ -57,6 +57,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, tokens found
     preemptions_total: int = 0
     events_dropped: int = 0
+    step_tokens: int = 0  # tokens the step this record follows scheduled (0: it follows no step)
 
     @classmethod
     def from_core(cls, stats: dict[str, float | int]) -> EngineStats:

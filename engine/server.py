@@ -100,6 +100,7 @@ class OpenAIServer:
         self.max_model_len = int(self.info["max_model_len"])
         self.metrics = ServerMetrics(settings.served_model_name)
         self.metrics.set_engine_info(self.info)
+        self.client.watch_steps(self.metrics.iteration_tokens.observe)
         self.created = int(time.time())
         self.faults = FaultSettings()  # engine/faults.py, set through /admin/faults
         self.loop_lag = LoopLag()

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.engine_client import CoreError, OutputQueue
@@ -206,6 +207,9 @@ class DisaggClient:
         for w in self._healthy():
             w.codec = codec
         return replies[-1].payload
+
+    def watch_steps(self, observe: Callable[[int], None]) -> None:
+        """Steps happen in the workers, whose own /metrics pages count them: none reach the router."""
 
     def health_report(self) -> dict[str, object]:
         roles = {role: self._count(role) for role in ROLES}

@@ -54,7 +54,7 @@ MESSAGES = [
                 timings=RequestTimings(1, 2, 3, 4, 5),
             ),
         ],
-        EngineStats(3, 4, 10, 100, 0.1, 640, 320, 7, 1),
+        EngineStats(3, 4, 10, 100, 0.1, 640, 320, 7, 1, 37),
     ),
     Outputs([], EngineStats()),
     AdminGet(7),

@@ -311,6 +311,16 @@ def test_metrics_are_prometheus_text_with_vllm_names(server, client):
     phases = sum(grew(f"vllm:request_{p}_time_seconds_sum") for p in ("queue", "prefill", "decode"))
     assert 0 < phases <= grew("vllm:e2e_request_latency_seconds_sum")
     assert m["vllm:prompt_tokens_total" + lbl] > before["vllm:prompt_tokens_total" + lbl]
+    # every engine step counted with the tokens it scheduled: a prefill (less any cached prefix), then one
+    # token per decode step for the two tokens after the first
+    steps = "vllm:iteration_tokens_total"
+    assert grew(steps + "_count") >= 3
+    assert 3 <= grew(steps + "_sum") <= grew("vllm:prompt_tokens_total") + 2
+    assert (
+        m[steps + '_bucket{model_name="tiny",le="1"}']
+        - before.get(steps + '_bucket{model_name="tiny",le="1"}', 0)
+        >= 2
+    )
     assert any(
         k.startswith('vllm:request_success_total{model_name="tiny",finished_reason="length"') for k in m
     )
