@@ -1,6 +1,6 @@
 """`stepscope scenario run`: one fault scenario end to end (engine, collector, load, truth.json).
 
-    stepscope scenario run --fault overload=3 --duration 80 --seed 1 --out /tmp/stepscope-scenarios/overload
+    stepscope scenario run --fault overload=6 --duration 80 --seed 1 --out /tmp/stepscope-scenarios/overload
     stepscope scenario run --duration 60 --out /tmp/stepscope-scenarios/healthy      # no fault
     stepscope scenario list                                                          # the faults
     stepscope scenario facts /tmp/stepscope-scenarios/overload      # what the fault changed (JSON)
