@@ -143,6 +143,9 @@ class DiagnosisConfig:
     localize_share: float = 0.7
     localize_lift_gap: float = 2.5
     localize_min_lift: float = 0.1
+    # When the fleet's symptoms hold, at most this many instances (those whose means rose most, by
+    # localize_min_lift or more) are diagnosed alone: a 256-instance fleet costs a handful of diagnoses.
+    alone_max_instances: int = 4
     localize_min_requests: int = 10  # fewer baseline requests: the instance is compared with the fleet's
     # An instance that served in the baseline is lost when its current request rate is a tenth or less.
     lost_instance_share: float = 0.1

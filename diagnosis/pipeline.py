@@ -144,7 +144,7 @@ def diagnose(
             elif isinstance(out, NotEnoughData):
                 lacking.append(out)
     if not findings and not regressions and not loc.lost and len(loc.rows) > 1:
-        alone = _instances_alone(source, *asked, cfg, without_rules, sorted(loc.rows))
+        alone = _instances_alone(source, *asked, cfg, without_rules, loc)
         if alone is not None:
             return alone
     findings.sort(key=lambda f: -f.confidence)
@@ -205,15 +205,23 @@ def _instances_alone(
     baseline: TimeRange | None,
     cfg: DiagnosisConfig,
     without_rules: tuple[str, ...],
-    instances: list[str],
+    loc: Localization,
 ) -> Diagnosis | None:
     """The fleet's symptoms held, but one instance's may have regressed on its own, diluted in the fleet's
-    average (one replica held to a third of the time while its peers, given the cores it left, sped up):
-    each instance diagnosed alone, at `alpha` over the number of instances. A diagnosis scoped to the
-    instances that regressed, or None when none did, or all did (then it is the fleet's)."""
+    average (one replica held to a third of the time while its peers, given the cores it left, sped up).
+    The instances whose mean TTFT, TPOT or E2E rose by `localize_min_lift` over the fleet's two windows
+    (one query for all of them, in `loc`) are diagnosed alone, the `alone_max_instances` that rose most,
+    at `alpha` over the number of instances. A diagnosis scoped to the instances that regressed, or None
+    when none did, or all did (then it is the fleet's)."""
+    instances = sorted(loc.rows)
+    rose = {n: _mean_lift(loc, n) for n in instances}
+    floor = math.log1p(cfg.localize_min_lift)
+    chosen = sorted((n for n in instances if rose[n] >= floor), key=lambda n: -rose[n])
+    if not chosen:
+        return None
     strict = dataclasses.replace(cfg, alpha=cfg.alpha / len(instances))
     alone = {n: diagnose(ScopedReader(source, instances=[n]), window, baseline, strict, without_rules)
-             for n in instances}  # fmt: skip
+             for n in chosen[: cfg.alone_max_instances]}  # fmt: skip
     hit = {n: d for n, d in alone.items() if d.regressions}
     if not hit or len(hit) == len(instances):
         return None
@@ -227,10 +235,20 @@ def _instances_alone(
     findings.sort(key=lambda f: -f.confidence)
     worst = hit[order[0]]
     note = (
-        f"the fleet's symptoms held; {', '.join(order)} regressed on its own (each instance diagnosed "
-        f"alone, alpha {strict.alpha:g})"
+        f"the fleet's symptoms held; {', '.join(order)} regressed on its own (diagnosed alone: "
+        f"{len(alone)} of {len(instances)} instances, alpha {strict.alpha:g})"
     )
     return dataclasses.replace(worst, findings=tuple(findings), notes=(note, *worst.notes))
+
+
+def _mean_lift(loc: Localization, instance: str) -> float:
+    """The largest log ratio of an instance's current to baseline mean TTFT, TPOT and E2E (0 without)."""
+    lifts = [0.0]
+    for key in ("ttft_mean", "tpot_mean", "e2e_mean"):
+        b, c = loc.side(instance, 0, key), loc.side(instance, 1, key)
+        if b > 0 and c > 0:
+            lifts.append(math.log(c / b))
+    return max(lifts)
 
 
 def _scoped(
