@@ -30,15 +30,16 @@ def block_hashes(prompt_ids: list[int], block_size: int, salt: str = "") -> list
     """The chained hashes of the prompt's full blocks, as engine.block_manager computes them
     (restated here so the router never imports torch; a test holds the two equal)."""
     out: list[bytes] = []
-    parent = b""
     data = array("q", prompt_ids[: len(prompt_ids) // block_size * block_size]).tobytes()
+    if not data:
+        return out
     step = 8 * block_size  # bytes of one block of int64 token ids
-    for i in range(0, len(data), step):
-        h = hashlib.blake2b(parent, digest_size=16)
-        h.update(data[i : i + step])
-        if salt and i == 0:
-            h.update(b"#salt:" + salt.encode())
-        parent = h.digest()
+    blake2b = hashlib.blake2b
+    # blake2b(a) then update(b) hashes a + b: one call a block (the first carries the salt after it)
+    parent = blake2b(data[:step] + (b"#salt:" + salt.encode() if salt else b""), digest_size=16).digest()
+    out.append(parent)
+    for i in range(step, len(data), step):
+        parent = blake2b(parent + data[i : i + step], digest_size=16).digest()
         out.append(parent)
     return out
 
@@ -144,7 +145,9 @@ class Router:
         if not healthy:
             return None
         policy = self.policy
-        matches = [r.match(hashes) for r in healthy] if hashes else [0] * len(healthy)
+        # most replicas miss the first block: one membership test each, the walk only for the others
+        first = hashes[0] if hashes else None
+        matches = [r.match(hashes) if first in r.blocks else 0 for r in healthy]
         skewed = self.by_instance.get(self.faults.skew_instance)
         if skewed in healthy and self.faults.routing_skew and self._rng.random() < self.faults.routing_skew:
             chosen = skewed
