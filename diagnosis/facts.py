@@ -133,14 +133,16 @@ class Facts:
     def onset(self, name: str, fallback: float | None = None) -> float | None:
         """Unix seconds of the change point of the finding's own evidence series `name`, searched near the
         split of the compared windows (within `onset_search_share` of the analysed span, at least
-        `onset_search_s`, either side): a series that drifts elsewhere in a long window cannot pull the
-        onset away from the change. `fallback` (the split by default) when the series shows none."""
+        `onset_search_s`, after it and twice that before it: the split lands where the symptoms moved,
+        which a cause precedes by the time its backlog takes to build): a series that drifts elsewhere in
+        a long window cannot pull the onset away from the change. `fallback` (the split by default) when
+        the series shows none."""
         cfg = self.config
         split = self.window.start
         fallback = split if fallback is None else fallback
         span = self.window.end - min(self.baseline.start, self.window.start)
         reach = max(cfg.onset_search_s, cfg.onset_search_share * span)
-        lo = self.series.index_of(max(split - reach, min(self.baseline.start, self.window.start)))
+        lo = self.series.index_of(max(split - 2 * reach, min(self.baseline.start, self.window.start)))
         hi = self.series.index_of(min(split + reach, self.window.end)) + 1
         seg = self.series.get(name)[lo:hi]
         if np.isfinite(seg).sum() < 6:
