@@ -45,7 +45,7 @@ def main() -> None:
     if span is None:  # unreachable or refused: the warning is on the page already
         st.title(page.title)
         st.stop()
-    ui.set_context(ui.Context(cfg, api, span, ui.sidebar(cfg, span)))
+    ui.set_context(ui.sidebar(cfg, api, span))
     if span.empty and page.url_path not in NEEDS_NO_STORE:
         st.title(page.title)
         st.info(

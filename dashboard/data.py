@@ -113,15 +113,6 @@ def sql(api: Api, text: str, params: dict[str, Any] | None = None) -> pd.DataFra
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def percentiles(
-    api: Api, since: float, until: float, interval_s: int, metrics: str = "ttft_s,tpot_s"
-) -> pd.DataFrame:
-    """`GET /api/percentiles`: P50/P90/P99 of `metrics` per bucket."""
-    params = {"since": since, "until": until, "interval_s": interval_s, "metrics": metrics}
-    return frame(api.call("GET", "/api/percentiles", params=params))
-
-
-@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
 def requests(api: Api, trace_id: str) -> pd.DataFrame:
     """`GET /api/requests?trace_id=`: the request row(s) of one trace."""
     return frame(api.call("GET", "/api/requests", params={"trace_id": trace_id, "limit": 10}))

@@ -1,17 +1,25 @@
 """The dashboard's SQL, by name, run through the collector's `POST /api/sql` (read-only there).
 
 Text is constant; every value is a ClickHouse query parameter (`{name:Type}`). The time range is always
-`{since:Float64}`/`{until:Float64}` in epoch seconds and the bucket width `{interval_s:UInt32}`.
+`{since:Float64}`/`{until:Float64}` in epoch seconds and the bucket width `{interval_s:UInt32}`. Every query
+of `requests` and `steps` also keeps only the sidebar's services and instances, `{services:Array(String)}`
+and `{instances:Array(String)}` (empty: all; `dashboard.scope.Scope.params`).
 """
 
 from __future__ import annotations
 
 from collector.sqlfn import QUANTILE, bucket
 
-_RANGE = (
+# the sidebar's fleet filter, on every query of `requests` and `steps` (the tables with these columns)
+SCOPE = (
+    "(empty({services:Array(String)}) OR service IN {services:Array(String)}) "
+    "AND (empty({instances:Array(String)}) OR instance IN {instances:Array(String)})"
+)
+_TIME = (
     "time >= fromUnixTimestamp64Nano(toInt64({since:Float64} * 1e9)) "
     "AND time < fromUnixTimestamp64Nano(toInt64({until:Float64} * 1e9))"
 )
+_RANGE = f"{_TIME} AND {SCOPE}"
 _BUCKET = bucket()
 # a request meets the SLO when it completed without error within both targets (loadgen's definition;
 # a one-token request has no TPOT and passes that half)
@@ -22,6 +30,9 @@ _MEETS_SLO = (
 # the whole store: is there anything, and from when to when
 DATA_SPAN = "SELECT count() AS requests, min(time) AS first, max(time) AS last FROM requests"
 
+# the sidebar's filter options: every (service, instance) pair the store holds
+SCOPE_OPTIONS = "SELECT DISTINCT service, instance FROM requests ORDER BY service, instance"
+
 # Overview tiles over the range
 SUMMARY = f"""
 SELECT count() AS requests,
@@ -31,6 +42,14 @@ SELECT count() AS requests,
        sum(output_tokens) AS output_tokens,
        min(time) AS first, max(end_time) AS last
 FROM requests WHERE {_RANGE}
+"""
+
+# Overview: P50/P99 TTFT and TPOT per bucket
+LATENCY_SERIES = f"""
+SELECT {_BUCKET} AS bucket, count() AS requests,
+       {QUANTILE}(0.5)(ttft_s) AS p50_ttft_s, {QUANTILE}(0.99)(ttft_s) AS p99_ttft_s,
+       {QUANTILE}(0.5)(tpot_s) AS p50_tpot_s, {QUANTILE}(0.99)(tpot_s) AS p99_tpot_s
+FROM requests WHERE {_RANGE} GROUP BY bucket ORDER BY bucket
 """
 
 # Overview: completions, goodput and errors per bucket (by the time a request started)
@@ -45,9 +64,9 @@ FROM requests WHERE {_RANGE} GROUP BY bucket ORDER BY bucket
 
 # Requests page: slowest first, searchable by trace id, request id or finish reason
 SLOWEST_REQUESTS = f"""
-SELECT time, trace_id, request_id, model, e2e_s, ttft_s, tpot_s, queue_s, prefill_s, kv_transfer_s,
-       decode_s, input_tokens, output_tokens, cached_tokens, preemptions, finish_reason, is_error,
-       status_message
+SELECT time, trace_id, request_id, service, instance, model, e2e_s, ttft_s, tpot_s, queue_s, prefill_s,
+       kv_transfer_s, decode_s, input_tokens, output_tokens, cached_tokens, preemptions, finish_reason,
+       is_error, status_message
 FROM requests
 WHERE {_RANGE}
   AND ({{search:String}} = ''
@@ -123,7 +142,7 @@ SELECT {bucket("end_time")} AS bucket,
        {QUANTILE}(0.99)(ttft_s) * 1000 AS p99_ttft_ms
 FROM requests
 WHERE end_time >= fromUnixTimestamp64Nano(toInt64({{since:Float64}} * 1e9))
-  AND end_time < fromUnixTimestamp64Nano(toInt64({{until:Float64}} * 1e9))
+  AND end_time < fromUnixTimestamp64Nano(toInt64({{until:Float64}} * 1e9)) AND {SCOPE}
 GROUP BY bucket HAVING completed > 0 ORDER BY bucket
 """
 

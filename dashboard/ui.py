@@ -1,5 +1,5 @@
-"""What every page shares: the sidebar (time range, auto-refresh), the page context, and the helpers
-that turn a missing answer into a message instead of an exception."""
+"""What every page shares: the sidebar (time range, services and instances, auto-refresh), the page
+context, and the helpers that turn a missing answer into a message instead of an exception."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import streamlit as st
 from collector.timerange import DataSpan, TimeRange
 from dashboard import data, queries, timerange
 from dashboard.config import DashboardConfig
+from dashboard.scope import Scope, instances_of, label
 
 T = TypeVar("T")
 _CTX_KEY = "stepscope_ctx"
@@ -22,16 +23,22 @@ _CTX_KEY = "stepscope_ctx"
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """Everything a page needs: the config, the API, the store's data span and the chosen range."""
+    """Everything a page needs: the config, the API, the store's data span, the chosen range and the
+    chosen services and instances."""
 
     cfg: DashboardConfig
     api: data.Api
     span: DataSpan
     range: TimeRange
+    scope: Scope
+
+    def params(self, r: TimeRange | None = None, **extra: Any) -> dict[str, Any]:
+        """The parameters of a query of `requests` or `steps`: the range (or `r`), the scope, `extra`."""
+        return (r or self.range).params(**self.scope.params(), **extra)
 
     def slo_params(self) -> dict[str, Any]:
-        """The range and SLO parameters most queries take."""
-        return self.range.params(slo_ttft_s=self.cfg.slo_ttft_s, slo_tpot_s=self.cfg.slo_tpot_s)
+        """`params()` and the SLO targets: what the queries that judge requests take."""
+        return self.params(slo_ttft_s=self.cfg.slo_ttft_s, slo_tpot_s=self.cfg.slo_tpot_s)
 
 
 def fetch(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -79,8 +86,20 @@ def _fmt(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def sidebar(cfg: DashboardConfig, span: DataSpan) -> TimeRange:
-    """The time-range picker and the refresh controls; returns the chosen range."""
+def sidebar(cfg: DashboardConfig, api: data.Api, span: DataSpan) -> Context:
+    """The time-range picker, the fleet filter and the refresh controls; the context they choose."""
+    chosen = _time_range(span)
+    fleet = _fleet_filter(api)
+    sb = st.sidebar
+    if sb.toggle(f"Auto-refresh every {cfg.refresh_s} s", key="auto_refresh"):
+        _refresher(cfg.refresh_s)
+    if sb.button("Refresh now"):
+        st.cache_data.clear()
+    sb.caption(f"Collector API: {cfg.api}")
+    return Context(cfg, api, span, chosen, fleet)
+
+
+def _time_range(span: DataSpan) -> TimeRange:
     sb = st.sidebar
     choice = sb.selectbox("Time range", list(timerange.PRESETS), key="range_choice")
     custom = None
@@ -95,12 +114,30 @@ def sidebar(cfg: DashboardConfig, span: DataSpan) -> TimeRange:
                 sb.warning("'To' must be after 'From'.")
     chosen = timerange.resolve(choice, time.time(), span, custom)
     sb.caption(f"{_fmt(chosen.start)} to {_fmt(chosen.end)} UTC, {chosen.interval_s} s buckets")
-    if sb.toggle(f"Auto-refresh every {cfg.refresh_s} s", key="auto_refresh"):
-        _refresher(cfg.refresh_s)
-    if sb.button("Refresh now"):
-        st.cache_data.clear()
-    sb.caption(f"Collector API: {cfg.api}")
     return chosen
+
+
+def _fleet_filter(api: data.Api) -> Scope:
+    # Keyed widgets drawn on every run keep their choice across pages; a choice the options no longer
+    # hold (the instances of a service no longer chosen) is dropped by Streamlit itself.
+    df = fetch("the services and instances", data.sql, api, queries.SCOPE_OPTIONS)
+    pairs = [] if df is None else list(zip(df["service"], df["instance"], strict=True))
+    sb = st.sidebar
+    services = sb.multiselect(
+        "Services",
+        sorted({service for service, _ in pairs}),
+        key="scope_services",
+        format_func=label,
+        placeholder="all",
+    )
+    instances = sb.multiselect(
+        "Instances",
+        instances_of(pairs, services),
+        key="scope_instances",
+        format_func=label,
+        placeholder="all",
+    )
+    return Scope(tuple(services), tuple(instances))
 
 
 def _refresher(every_s: int) -> None:
@@ -128,9 +165,13 @@ def context() -> Context:
 
 
 def range_note(ctx: Context) -> None:
-    """Say when the range is not what was asked for (the automatic fallback to stored data)."""
+    """Say when the range is not what was asked for (the automatic fallback to stored data), and which
+    services and instances the page is filtered to."""
     if ctx.range.note:
         st.info(ctx.range.note)
+    note = ctx.scope.note()
+    if note:
+        st.info(note, icon=":material/filter_alt:")
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -10,7 +10,7 @@ from dashboard import charts, data, queries, ui
 
 def series(ctx: ui.Context) -> None:
     """The step loop per bucket."""
-    df = ui.fetch("engine steps", data.sql, ctx.api, queries.ENGINE_SERIES, ctx.range.params())
+    df = ui.fetch("engine steps", data.sql, ctx.api, queries.ENGINE_SERIES, ctx.params())
     if not ui.has_rows(df, "No engine steps in this range (is the engine's step tracing on?)."):
         return
     assert df is not None
@@ -71,9 +71,7 @@ def series(ctx: ui.Context) -> None:
 
 def bend(ctx: ui.Context) -> None:
     """Median step time per batch size, decode-only steps apart from steps carrying prefill."""
-    df = ui.fetch(
-        "step time by batch size", data.sql, ctx.api, queries.STEP_TIME_BY_BATCH, ctx.range.params()
-    )
+    df = ui.fetch("step time by batch size", data.sql, ctx.api, queries.STEP_TIME_BY_BATCH, ctx.params())
     if not ui.has_rows(df, "No steps with a batch in this range."):
         return
     assert df is not None

@@ -21,7 +21,7 @@ def _fmt(ts: float) -> str:
 
 
 def _count(ctx: ui.Context, r: TimeRange) -> int | None:
-    df = ui.fetch("the baseline's request count", data.sql, ctx.api, queries.COUNT_IN_RANGE, r.params())
+    df = ui.fetch("the baseline's request count", data.sql, ctx.api, queries.COUNT_IN_RANGE, ctx.params(r))
     return None if df is None or df.empty else int(df.iloc[0]["requests"])
 
 
@@ -64,7 +64,7 @@ def symptom_chart(ctx: ui.Context, window: tuple[float, float], baseline: tuple[
     since = min(window[0], baseline[0]) if baseline else window[0]
     until = max(window[1], baseline[1]) if baseline else window[1]
     whole = TimeRange(since, until, "both").covering(ctx.span)
-    df = ui.fetch("latency percentiles", data.percentiles, ctx.api, since, until, whole.interval_s)
+    df = ui.fetch("latency percentiles", data.sql, ctx.api, queries.LATENCY_SERIES, ctx.params(whole))
     if not ui.has_rows(df, "No requests in the window or its baseline."):
         return
     assert df is not None
@@ -151,7 +151,7 @@ def render(ctx: ui.Context) -> None:
     window, baseline = chosen
     asked = ((window.start, window.end), (baseline.start, baseline.end) if baseline else None)
     try:
-        result = findings.diagnose(ctx.api, *asked)
+        result = findings.diagnose(ctx.api, *asked, ctx.scope)
     except findings.DiagnosisUnavailable as e:
         st.info(f"Diagnosis unavailable: {e}")
         symptom_chart(ctx, *asked)

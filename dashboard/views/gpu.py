@@ -33,7 +33,7 @@ def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def step_time(ctx: ui.Context, col: st.delta_generator.DeltaGenerator) -> None:
     """P50/P99 step time over the same buckets."""
-    df = ui.fetch("step time", data.sql, ctx.api, queries.ENGINE_SERIES, ctx.range.params())
+    df = ui.fetch("step time", data.sql, ctx.api, queries.ENGINE_SERIES, ctx.params())
     if df is None or df.empty:
         col.info("No engine steps in this range.")
         return
@@ -90,7 +90,7 @@ def render(ctx: ui.Context) -> None:
     """The page."""
     st.title("GPU")
     ui.range_note(ctx)
-    df = ui.fetch("GPU and host counters", data.sql, ctx.api, queries.COUNTER_SERIES, ctx.range.params())
+    df = ui.fetch("GPU and host counters", data.sql, ctx.api, queries.COUNTER_SERIES, ctx.params())
     if df is None:
         return
     gpu, host = (df, df) if df.empty else split(df)

@@ -32,7 +32,7 @@ def render(ctx: ui.Context) -> None:
     """The page."""
     st.title("Instances")
     ui.range_note(ctx)
-    summary = ui.fetch("instances", data.sql, ctx.api, queries.INSTANCE_SUMMARY, ctx.range.params())
+    summary = ui.fetch("instances", data.sql, ctx.api, queries.INSTANCE_SUMMARY, ctx.params())
     if not ui.has_rows(summary, "No requests in this time range: choose a wider range in the sidebar."):
         return
     assert summary is not None
@@ -41,7 +41,7 @@ def render(ctx: ui.Context) -> None:
         st.warning(f"{odd}: P99 TTFT well above its peers' (marked below)")
     summary.insert(0, "outlier", summary["instance"].map(lambda n: "⚠" if n == odd else ""))
     st.dataframe(summary, hide_index=True, width="stretch")
-    params = ctx.range.params()
+    params = ctx.params()
     series = ui.fetch("per-instance series", data.sql, ctx.api, queries.INSTANCE_SERIES, params)
     steps = ui.fetch("per-instance steps", data.sql, ctx.api, queries.INSTANCE_STEP_SERIES, params)
     panels = [

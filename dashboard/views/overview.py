@@ -87,14 +87,7 @@ def tiles(ctx: ui.Context) -> None:
 
 def latency_charts(ctx: ui.Context) -> None:
     """P50/P99 TTFT and TPOT per bucket, with the SLOs as dashed lines."""
-    df = ui.fetch(
-        "latency percentiles",
-        data.percentiles,
-        ctx.api,
-        ctx.range.start,
-        ctx.range.end,
-        ctx.range.interval_s,
-    )
+    df = ui.fetch("latency percentiles", data.sql, ctx.api, queries.LATENCY_SERIES, ctx.params())
     if not ui.has_rows(df, "No requests in this time range: choose a wider range in the sidebar."):
         return
     assert df is not None

@@ -17,7 +17,7 @@ def table(ctx: ui.Context) -> pd.DataFrame | None:
     search = c1.text_input("Search", key="req_search", placeholder="trace id, request id or finish reason")
     min_e2e_ms = c2.number_input("Min E2E (ms)", min_value=0.0, value=0.0, step=100.0, key="req_min_e2e")
     limit = c3.selectbox("Rows", [50, 200, 1000], key="req_limit")
-    params = ctx.range.params(search=search.strip(), min_e2e_s=min_e2e_ms / 1000, limit=limit)
+    params = ctx.params(search=search.strip(), min_e2e_s=min_e2e_ms / 1000, limit=limit)
     df = ui.fetch("requests", data.sql, ctx.api, queries.SLOWEST_REQUESTS, params)
     if not ui.has_rows(df, "No request in this range matches: widen the range or clear the search."):
         return None
