@@ -2,12 +2,13 @@
 and `engine.step` spans, as rows of `otel_traces`, so the collector's materialized views fill `requests`
 and `steps` (the realistic path).
 
-It models the engine the faults act on: Poisson (or closed-loop) arrivals of chat, shared-prefix and long
-prompts; a scheduler with a token budget, `max_num_seqs`, chunked prefill, a paged KV pool with
-preemption by recompute and a prefix cache; step time linear in batch size and prefill tokens
-(~8 ms at batch 1, ~18 ms at batch 8, like the `small` preset on 2 CPU cores); gaps between steps; the
-front end's RPC delay per token; and shared-machine noise: per-step jitter, rare hiccups, and contention
-episodes lasting seconds. A fault is a set of field changes applied at `fault_at_s`.
+It models the engine the faults act on: Poisson (or closed-loop) arrivals of chat, shared-prefix (the
+tenants' system prompts routed to this replica) and long prompts; a scheduler with a token budget,
+`max_num_seqs`, chunked prefill, a paged KV pool with preemption by recompute and a prefix cache (bounded
+or not, least recently used evicted); step time linear in batch size and prefill tokens (~8 ms at batch 1,
+~18 ms at batch 8, like the `small` preset on 2 CPU cores); gaps between steps; the front end's RPC delay
+per token; and shared-machine noise: per-step jitter, rare hiccups, and contention episodes lasting
+seconds. A fault is a set of field changes applied at `fault_at_s`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class SimConfig:
     shared_fraction: float = 0.0
     shared_prefix_tokens: int = 512
     prefix_change_fraction: float = 0.0
+    # the tenants (system prompts sys0, sys1, ...) whose shared requests the router sends this replica, each
+    # as likely; routed by prefix, a tenant's prompts reach one replica, scattered, every replica
+    tenants: tuple[int, ...] = (0,)
     long_fraction: float = 0.0
     long_prompt: int = 1500
     # engine
@@ -58,6 +62,7 @@ class SimConfig:
     chunked: bool = True
     chunk_threshold: int = 256
     num_kv_blocks: int = 4096
+    prefix_cache_blocks: int = 0  # > 0: cached prefixes kept in this many blocks, least recently used evicted
     block: int = 16
     weight_dtype: str = "int8"
     step_base_s: float = 0.0065
@@ -123,7 +128,10 @@ class Simulator:
         self.rng = np.random.default_rng(cfg.seed)
         self.requests: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
-        self.cache: set[str] = set()
+        self.cache: dict[str, int] = {}  # cached shared prefix -> its blocks, least recently used first
+        # Prompts unique to a request hash to a key of their own on every replica (the engine's key is
+        # the first block's hash); only the tenants' system prompts are the same bytes everywhere.
+        self.own = f"@{cfg.instance}" if cfg.instance else ""
         self.next_rid = 0
         self.loop_free_at = 0.0  # when the front end's event loop is next free
 
@@ -148,14 +156,15 @@ class Simulator:
         if u < c.shared_fraction:
             user = int(np.clip(round(48 * math.exp(0.5 * rng.standard_normal())), 8, 256))
             changed = rng.random() < c.prefix_change_fraction
-            key = f"chg{rid}" if changed else "sys0"
+            tenant = c.tenants[rng.integers(len(c.tenants))] if len(c.tenants) > 1 else c.tenants[0]
+            key = f"chg{rid}{self.own}" if changed else f"sys{tenant}"
             return Seq(rid, t, c.shared_prefix_tokens + user, out, key, c.shared_prefix_tokens)
         if u < c.shared_fraction + c.long_fraction:
             n = int(c.long_prompt * math.exp(0.15 * rng.standard_normal()))
-            return Seq(rid, t, max(16, n), out, f"r{rid}", 0)
+            return Seq(rid, t, max(16, n), out, f"r{rid}{self.own}", 0)
         n = round(c.prompt_median * c.prompt_factor * math.exp(0.6 * rng.standard_normal()))
         n = int(np.clip(n, 4, 4096))
-        return Seq(rid, t, n, out, f"r{rid}" if n >= c.block else "", 0)
+        return Seq(rid, t, n, out, f"r{rid}{self.own}" if n >= c.block else "", 0)
 
     def arrivals(self) -> list[float]:
         times, t = [], 0.0
@@ -273,6 +282,8 @@ class Simulator:
             s = waiting[0]
             if s.first_sched is None:
                 hit = s.key in self.cache and s.shared_len > 0
+                if hit:
+                    self.cache[s.key] = self.cache.pop(s.key)  # now the most recently used
                 s.cached = (s.shared_len // c.block) * c.block if hit else 0
                 s.computed, s.to_prefill = s.cached, s.prompt - s.cached
             n = min(s.to_prefill, c.chunk_threshold, budget) if c.chunked else s.to_prefill
@@ -299,8 +310,8 @@ class Simulator:
                 s.to_prefill -= n
                 if s.to_prefill > 0:
                     continue
-                if s.shared_len and s.key == "sys0":
-                    self.cache.add(s.key)
+                if s.shared_len and s.key.startswith("sys"):
+                    self.keep(s.key, s.shared_len // c.block, c)
                 if s.first_token is not None:
                     continue  # recompute after preemption: the next decode step samples
                 s.kv_transfer = c.kv_transfer_per_token_s * (s.prompt - s.cached) * rng.lognormal(0, 0.2)
@@ -318,6 +329,14 @@ class Simulator:
                 if self.base.clients:
                     arrival = end + rng.exponential(0.05)
                     heapq.heappush(pending, (self.through_frontend(arrival)[0], arrival))
+
+    def keep(self, key: str, blocks: int, c: SimConfig) -> None:
+        """Cache a shared prefix just computed, evicting the least recently used ones past the bound."""
+        self.cache.pop(key, None)
+        self.cache[key] = blocks
+        bound = c.prefix_cache_blocks or math.inf
+        while sum(self.cache.values()) > bound and len(self.cache) > 1:
+            del self.cache[next(iter(self.cache))]
 
     def finish(self, s: Seq) -> None:
         rpc_first, rpc_last = s.rpc[0], s.rpc[-1]

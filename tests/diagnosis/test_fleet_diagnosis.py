@@ -16,6 +16,9 @@ from diagnosis.fleet import ScopedReader
 
 IDS = ("r0", "r1", "r2")
 HOUR = 3600.0
+# 24 tenants' system prompts (512 tokens, 32 blocks each); a replica's prefix cache holds 8 of them
+TENANTS = tuple(range(24))
+SHARED = {"shared_fraction": 0.5, "prefix_cache_blocks": 8 * 32}
 
 
 def _fleet(t0: float, faults: dict[str, dict], **per: dict) -> list[SimConfig]:
@@ -42,6 +45,13 @@ CASES = {
         },
     ),
     "lost": _fleet(3 * HOUR, {"r0": {"rate_rps": 4.5}, "r1": {"rate_rps": 4.5}}, r2={"duration_s": 120.0}),
+    # Routed by prefix, each replica receives 8 tenants, whose prefixes its cache holds; then routing stops
+    # looking at the prefix: every replica receives all 24 and its cache, evicting, misses most of them.
+    "scattered": _fleet(
+        5 * HOUR,
+        {n: {"tenants": TENANTS} for n in IDS},
+        **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS)},
+    ),
 }
 
 
@@ -100,6 +110,22 @@ def test_a_replica_that_stopped_serving_is_lost_capacity_on_it(source):
     assert top["cause"] == "lost_capacity" and top["scope"] == {
         "kind": "instances", "instances": ["r2"], "share_of_regression": pytest.approx(1 / 3, abs=0.05),
     }  # fmt: skip
+
+
+def test_shared_prompts_scattered_over_every_replica_is_cache_affinity_lost_fleet_wide(source):
+    d = _diagnose(source, "scattered")
+    top = d["findings"][0]
+    assert top["cause"] == "cache_affinity_lost"
+    assert top["scope"]["kind"] == "fleet" and top["scope"]["instances"] == list(IDS)
+    ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
+    assert ev["instances_per_shared_prefix"] == (pytest.approx(1.0), pytest.approx(3.0, abs=0.1))
+    for key in ["cached_token_share"] + [f"cached_token_share[{n}]" for n in IDS]:
+        before, now = ev[key]
+        assert before > 0.6 and before - now > 0.3, key  # every replica's cache reuse fell
+    assert ev["prefix_keys_per_request"][1] == pytest.approx(ev["prefix_keys_per_request"][0], rel=0.1)
+    assert ev["input_tokens_mean"][1] == pytest.approx(ev["input_tokens_mean"][0], rel=0.1)
+    assert "prefix_cache_miss" not in {f["cause"] for f in d["findings"]}
+    assert d["decomposition"]["ttft"]["mean"]["share"]["prefill"] > 0.8  # the misses' prefill is the rise
 
 
 def test_the_instance_filter_diagnoses_one_healthy_replica_as_healthy(source):
