@@ -140,10 +140,14 @@ class Facts:
         cfg = self.config
         split = self.window.start
         fallback = split if fallback is None else fallback
-        span = self.window.end - min(self.baseline.start, self.window.start)
+        first = min(self.baseline.start, self.window.start)
+        span = self.window.end - first
         reach = max(cfg.onset_search_s, cfg.onset_search_share * span)
-        lo = self.series.index_of(max(split - 2 * reach, min(self.baseline.start, self.window.start)))
-        hi = self.series.index_of(min(split + reach, self.window.end)) + 1
+        if name in SETTINGS:  # a setting steps where it was changed and never drifts: search it all
+            lo, hi = self.series.index_of(first), self.series.index_of(self.window.end) + 1
+        else:
+            lo = self.series.index_of(max(split - 2 * reach, first))
+            hi = self.series.index_of(min(split + reach, self.window.end)) + 1
         seg = self.series.get(name)[lo:hi]
         if np.isfinite(seg).sum() < 6:
             return fallback
@@ -152,6 +156,15 @@ class Facts:
             seg = np.log(seg)  # a step of 100x followed by a backlog's growth: the step is the change
         k = stats.change_point([seg], max(2, len(seg) // 8))
         return fallback if k is None else self.series.time_of(lo + k)
+
+
+# Series of the engine's settings (the share of steps with chunked prefill, the batch limits, the KV pool,
+# the weights' dtype): they step where someone changed a setting, so a finding on one takes its onset from
+# the whole analysed span, not only from near the split the symptoms put.
+SETTINGS = frozenset(
+    ("chunked_share", "max_num_seqs", "max_num_batched_tokens", "kv_blocks_total_mean")
+    + ("weight_dtype_is_last",)
+)
 
 
 def span_params(span: TimeRange | None) -> dict[str, int]:
