@@ -121,7 +121,8 @@ def _fleet_filter(api: data.Api) -> Scope:
     # Keyed widgets drawn on every run keep their choice across pages; a choice the options no longer
     # hold (the instances of a service no longer chosen) is dropped by Streamlit itself.
     df = fetch("the services and instances", data.sql, api, queries.SCOPE_OPTIONS)
-    pairs = [] if df is None else list(zip(df["service"], df["instance"], strict=True))
+    empty = df is None or df.empty  # an empty store answers no rows, and no columns either
+    pairs = [] if empty else list(zip(df["service"], df["instance"], strict=True))
     sb = st.sidebar
     services = sb.multiselect(
         "Services",

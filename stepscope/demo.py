@@ -271,20 +271,22 @@ class Demo:
         warm_up(self.engine_url, sc.model)
 
     async def _load(self, rate: float, token: str) -> dict[str, Any]:
-        from scenarios.runner import drive
+        from scenarios.runner import Undo, drive, undo_all
 
         sc = self.scenario
         say(f"\n[3/5] steady load: {rate:g} requests/s for {sc.duration_s:g}s, {sc.fault} at {sc.onset:g}s")
         stop = asyncio.Event()
         t0 = time.time()
         watcher = asyncio.create_task(self._watch(t0, stop))
+        undo: list[Undo] = []  # what the fault started (busy processes of a noisy neighbour)
         try:
-            return await drive(sc, self.engine_url, token, rate, stop)
+            return await drive(sc, self.engine_url, token, rate, stop, undo)
         except asyncio.CancelledError:
             stop.set()
             raise
         finally:
             stop.set()
+            undo_all(undo)
             await asyncio.gather(watcher, return_exceptions=True)
 
     async def _watch(self, t0: float, stop: asyncio.Event) -> None:
