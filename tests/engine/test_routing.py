@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from engine.block_manager import hash_block
 from engine.fleet.routing import Replica, Router, RouterFaults, RoutingConfig, block_hashes
 
 
@@ -10,18 +9,21 @@ def _router(policy: str = "prefix_aware", n: int = 3, **kw) -> Router:
     return Router([Replica(f"h:{i}") for i in range(n)], RoutingConfig(policy=policy, **kw))
 
 
-def _send(router: Router, hashes: list[bytes]) -> str:
+def _send(router: Router, hashes: list[int]) -> str:
     d = router.choose(hashes)
     router.started(d, hashes)
     return d.replica.instance
 
 
-def test_block_hashes_are_the_prefix_caches_chained_hashes():
-    ids, parent, expected = list(range(50)), b"", []
-    for i in range(3):
-        parent = hash_block(parent, ids[i * 16 : (i + 1) * 16], "salty" if i == 0 else "")
-        expected.append(parent)
-    assert block_hashes(ids, 16, "salty") == expected
+def test_block_hashes_are_shared_exactly_over_the_common_leading_full_blocks():
+    ids = list(range(50))
+    hashes = block_hashes(ids, 16, "salty")
+    assert len(hashes) == 3  # full blocks only
+    assert block_hashes(ids[:48] + [7, 7], 16, "salty") == hashes  # a different partial block: the same
+    other = block_hashes(ids[:20] + [999] + ids[21:], 16, "salty")  # block 1 differs, so does all after
+    assert other[0] == hashes[0] and other[1] != hashes[1] and other[2] != hashes[2]
+    assert block_hashes(ids, 16, "other")[0] != hashes[0]  # the cache salt is part of the chain
+    assert block_hashes(ids[16:32] + ids[16:32], 16, "salty")[1] != block_hashes(ids[16:32], 16, "salty")[0]
 
 
 def test_prefix_aware_returns_a_prefix_to_its_replica_until_the_load_bound():
