@@ -148,7 +148,7 @@ class FleetRouter:
             self.tracer.end(span, reason)
         return JSONResponse(APIError(503, reason, type="server_error").body(), status_code=503)
 
-    def _hashes(self, body: bytes, parse: object) -> list[bytes]:
+    def _hashes(self, body: bytes, parse: object) -> list[int]:
         """The prompt's chained block hashes; [] when the body does not parse (the replica will say why)."""
         try:
             gen: GenerateRequest = parse(json.loads(body))
