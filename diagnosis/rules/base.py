@@ -117,6 +117,20 @@ def rpc_grew(facts: Facts) -> bool | None:
     return rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb
 
 
+def loop_busy(facts: Facts) -> bool:
+    """Did the front end's event loop get busy: its lag grew by at least the RPC delay's growth, and its
+    own time per request (HTTP receipt -> the core's queue) past `frontend_ratio` and
+    `min_frontend_increase_s`? Then tokens reach the client late because the loop reads them late (a
+    front end short of CPU: lag +192 ms against a delay +27 ms), not because the channel carries them
+    slowly (a slow codec: the delay grows by more than the lag)."""
+    cfg = facts.config
+    lag = facts.req_current("loop_lag_mean") - facts.req_baseline("loop_lag_mean")
+    rpc = facts.req_current("rpc_delay_mean") - facts.req_baseline("rpc_delay_mean")
+    fb, fc = facts.req_pair("frontend_mean")
+    front = fc - fb >= cfg.min_frontend_increase_s and fc >= cfg.frontend_ratio * fb
+    return front and math.isfinite(lag) and math.isfinite(rpc) and lag >= rpc
+
+
 def channel_dominates(facts: Facts) -> bool:
     """Did the RPC delay grow by at least `rpc_share_of_gap` of the gaps' growth? A slow channel also
     slows the core's encoding (gaps grow), and a stall also delays a few frames (the delay grows): which
