@@ -133,15 +133,16 @@ class SglangAssembler:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        lookback = FIRST_LOOKBACK_S  # the first pass runs whatever arrives: roots stored before a restart
+        lookback = FIRST_LOOKBACK_S  # until a first pass went through: roots stored before a restart
         seen = self._progress()
         until = 0.0  # pass until then: the last spans' roots are past their grace
         while not self._stop.wait(ASSEMBLE_EVERY_S):
             mark, now = self._progress(), time.monotonic()
             if mark != seen:
                 seen, until = mark, now + self.grace_s + 2 * ASSEMBLE_EVERY_S
+            first = lookback == FIRST_LOOKBACK_S  # the first pass runs whether spans arrive or not
             store = self._store_of()  # type: ignore[operator]
-            if store is None or (now > until and lookback != FIRST_LOOKBACK_S):
+            if store is None or (now > until and not first):
                 continue
             try:
                 self.assemble_once(store, lookback)

@@ -154,11 +154,10 @@ def load_explains(facts: Facts) -> str | None:
         facts.step_ratio("max_num_seqs_mean", 1.0) > 1 / cfg.limit_raise_ratio,
         not base.chunking_turned_off(facts),
         period.get("bytes_ratio_equal_batch", 1.0) < cfg.bytes_ratio,
-        not _cache_fell(facts),
+        not base.cache_share_fell(*facts.req_pair("cached_share"), cfg),
         not base.gaps_grew(facts),
         base.rpc_grew(facts) is not True,
-        facts.req_current("frontend_mean") - facts.req_baseline("frontend_mean")
-        < cfg.min_frontend_increase_s,
+        not base.frontend_grew(facts),
         base.ttft_share(facts, "kv_transfer") < cfg.kv_transfer_share_increase
         or not facts.req_current("with_kv_transfer") > 0,
     )
@@ -171,13 +170,6 @@ def load_explains(facts: Facts) -> str | None:
         f"equal batch x{period['equal_batch_ratio']:.2f}; request mix, configuration and engine speed "
         "unchanged (no finding)"
     )
-
-
-def _cache_fell(facts: Facts) -> bool:
-    """Did the cached share of prompt tokens fall as far as prefix_cache_miss asks (absolute and ratio)?"""
-    cfg = facts.config
-    before, after = facts.req_pair("cached_share")
-    return before - after >= cfg.cache_share_drop and after <= cfg.cache_share_ratio * before
 
 
 def explain(facts: Facts) -> Finding:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 
 from diagnosis import queries, stats
+from diagnosis.config import DiagnosisConfig
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
 
@@ -117,18 +118,29 @@ def rpc_grew(facts: Facts) -> bool | None:
     return rc - rb >= cfg.min_rpc_increase_s and rc >= cfg.rpc_ratio * rb
 
 
+def cache_share_fell(before: float, after: float, cfg: DiagnosisConfig) -> bool:
+    """Did the cached share of prompt tokens fall: by `cache_share_drop` and to `cache_share_ratio` of
+    what it was?"""
+    return before > 0 and before - after >= cfg.cache_share_drop and after / before <= cfg.cache_share_ratio
+
+
+def frontend_grew(facts: Facts) -> bool:
+    """Did the front end's own time per request (HTTP receipt -> the core's queue) grow past
+    `frontend_ratio` and `min_frontend_increase_s`?"""
+    cfg = facts.config
+    fb, fc = facts.req_pair("frontend_mean")
+    return fc - fb >= cfg.min_frontend_increase_s and fc >= cfg.frontend_ratio * fb
+
+
 def loop_busy(facts: Facts) -> bool:
     """Did the front end's event loop get busy: its lag grew by at least the RPC delay's growth, and its
     own time per request (HTTP receipt -> the core's queue) past `frontend_ratio` and
     `min_frontend_increase_s`? Then tokens reach the client late because the loop reads them late (a
     front end short of CPU: lag +192 ms against a delay +27 ms), not because the channel carries them
     slowly (a slow codec: the delay grows by more than the lag)."""
-    cfg = facts.config
     lag = facts.req_current("loop_lag_mean") - facts.req_baseline("loop_lag_mean")
     rpc = facts.req_current("rpc_delay_mean") - facts.req_baseline("rpc_delay_mean")
-    fb, fc = facts.req_pair("frontend_mean")
-    front = fc - fb >= cfg.min_frontend_increase_s and fc >= cfg.frontend_ratio * fb
-    return front and math.isfinite(lag) and math.isfinite(rpc) and lag >= rpc
+    return frontend_grew(facts) and math.isfinite(lag) and math.isfinite(rpc) and lag >= rpc
 
 
 def channel_dominates(facts: Facts) -> bool:

@@ -14,7 +14,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import arrivals_rose, make_finding, strength
+from diagnosis.rules.base import arrivals_rose, frontend_grew, make_finding, strength
 
 CAUSE = "frontend_bottleneck"
 LEVER = (
@@ -41,7 +41,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return NotEnoughData(CAUSE, "stepscope.latency.frontend_s on llm_request (the front end's part)")
     symptoms = facts.regressed("ttft", "e2e", "goodput", "throughput")
     fb, fc = facts.req_pair("frontend_mean")
-    if not symptoms or not (fc - fb >= cfg.min_frontend_increase_s and fc >= cfg.frontend_ratio * fb):
+    if not symptoms or not frontend_grew(facts):
         return None
     if arrivals_rose(facts):
         return None

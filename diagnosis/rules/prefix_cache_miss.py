@@ -12,7 +12,7 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
 from diagnosis.rules import cache_affinity_lost
-from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
+from diagnosis.rules.base import best, cache_share_fell, make_finding, period_share, strength, ttft_share
 
 CAUSE = "prefix_cache_miss"
 LEVER = (
@@ -36,7 +36,7 @@ def evaluate(facts: Facts) -> Finding | None:
         cb, cc = facts.metric_pair("prefix_hit_share")
     if not symptoms or not (math.isfinite(cb) and math.isfinite(cc)) or cb <= 0:
         return None
-    if not (cb - cc >= cfg.cache_share_drop and cc / cb <= cfg.cache_share_ratio):
+    if not cache_share_fell(cb, cc, cfg):
         return None
     lengths = facts.req_ratio("input_mean", math.inf)
     if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
