@@ -59,15 +59,16 @@ class Proc:
     def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
         """Until `url` answers 200; RuntimeError (with the log's tail) if the process dies or times out."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.log.name}: exited {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        with httpx.Client(timeout=2, trust_env=False) as http:  # one client: each loads the TLS store
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.log.name}: exited {self.proc.returncode}: {self.tail()}")
+                try:
+                    if http.get(url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"{self.log.name}: {url} not up after {timeout_s:g}s: {self.tail()}")
 
     def tail(self, chars: int = 2000) -> str:

@@ -18,6 +18,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Literal
 
 RoutingPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
@@ -80,11 +81,14 @@ class Replica:
         return n
 
     def remember(self, hashes: Iterable[int]) -> None:
+        blocks = self.blocks
         for h in hashes:
-            self.blocks[h] = None
-            self.blocks.move_to_end(h)
-        while len(self.blocks) > self.index_blocks:
-            self.blocks.popitem(last=False)
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+        for _ in range(len(blocks) - self.index_blocks):
+            blocks.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -93,8 +97,16 @@ class Decision:
 
     replica: Replica
     policy: str
-    candidates: list[tuple[str, int, int]]  # (instance, load, prefix-match blocks) of every healthy one
+    considered: list[Replica]  # every healthy replica, in the router's order
+    held: dict[Replica, int]  # prefix-match blocks of the replicas holding at least the first block
     prefix_blocks: int  # full blocks in the prompt
+
+    @property
+    def candidates(self) -> list[tuple[str, int, int]]:
+        """(instance, load, prefix-match blocks) of every healthy replica; the loads are the replicas'
+        own, so read this before `Router.started` counts the request (the route span does)."""
+        held = self.held
+        return [(r.instance, r.load, held.get(r, 0)) for r in self.considered]
 
 
 @dataclass(slots=True)
@@ -135,20 +147,19 @@ class Router:
 
     def choose(self, hashes: list[int], exclude: frozenset[str] = frozenset()) -> Decision | None:
         """The replica for a prompt with these block hashes (None: no healthy replica left)."""
-        healthy = [r for r in self.replicas if r.healthy and r.instance not in exclude]
+        if exclude:
+            healthy = [r for r in self.replicas if r.healthy and r.instance not in exclude]
+        else:
+            healthy = [r for r in self.replicas if r.healthy]
         if not healthy:
             return None
         policy = self.policy
         # most replicas miss the first block: one membership test each, the walk only for the others
         first = hashes[0] if hashes else None
-        matches = [0] * len(healthy)
-        held = []  # indices of the replicas holding at least the first block
-        for i, r in enumerate(healthy):
-            if first in r.blocks:
-                matches[i] = r.match(hashes)
-                held.append(i)
-        skewed = self.by_instance.get(self.faults.skew_instance)
-        if skewed in healthy and self.faults.routing_skew and self._rng.random() < self.faults.routing_skew:
+        held = {r: r.match(hashes) for r in healthy if first in r.blocks} if hashes else {}
+        skew = self.faults.routing_skew
+        skewed = self.by_instance.get(self.faults.skew_instance) if skew else None
+        if skewed is not None and skewed in healthy and self._rng.random() < skew:
             chosen = skewed
         elif policy == "round_robin":
             chosen = healthy[self._next % len(healthy)]
@@ -156,12 +167,11 @@ class Router:
         elif policy == "least_loaded" or not held:
             chosen = self._least_loaded(healthy)
         else:
-            bound = min(r.load for r in healthy) + self.config.load_slack
+            bound = min(map(_LOAD, healthy)) + self.config.load_slack
             # the longest match within the load bound, then the less loaded, then the first
-            within = [(matches[i], -healthy[i].load, -i) for i in held if healthy[i].load <= bound]
-            chosen = healthy[-max(within)[2]] if within else self._least_loaded(healthy)
-        candidates = [(r.instance, r.load, m) for r, m in zip(healthy, matches, strict=True)]
-        return Decision(chosen, policy, candidates, len(hashes))
+            within = [(r, m) for r, m in held.items() if r.load <= bound]
+            chosen = max(within, key=_match_then_idle)[0] if within else self._least_loaded(healthy)
+        return Decision(chosen, policy, healthy, held, len(hashes))
 
     def started(self, decision: Decision, hashes: list[int]) -> None:
         """The request went to the chosen replica: count it, remember its blocks there."""
@@ -176,7 +186,14 @@ class Router:
 
     def _least_loaded(self, healthy: list[Replica]) -> Replica:
         """Fewest in flight; ties rotate, so an idle fleet is filled evenly."""
-        low = min(r.load for r in healthy)
+        low = min(map(_LOAD, healthy))
         tied = [r for r in healthy if r.load == low]
         self._next += 1
         return tied[self._next % len(tied)]
+
+
+_LOAD = attrgetter("load")
+
+
+def _match_then_idle(pair: tuple[Replica, int]) -> tuple[int, int]:
+    return pair[1], -pair[0].load
