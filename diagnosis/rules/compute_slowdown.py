@@ -17,7 +17,15 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, make_finding, period_share, steps_missing, strength, ttft_share
+from diagnosis.rules.base import (
+    arrivals_rose,
+    best,
+    make_finding,
+    period_share,
+    steps_missing,
+    strength,
+    ttft_share,
+)
 
 CAUSE = "compute_slowdown"
 WHAT = "step time at equal batch size, the stepping thread's CPU time per step"  # what only step spans carry
@@ -75,6 +83,11 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         return None
     how, cpu_ratio = kind(facts, speed)
     share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
+    if not arrivals_rose(facts):
+        # the same arrivals on a slower engine: once its capacity falls below them, the queue, the fuller
+        # batch and the prefills riding in decode steps that follow are the slowdown's doing too
+        consequences = period_share(facts, "equal_batch_step_time", "batch_size", "prefill_in_decode_steps")
+        share = best(share, consequences, ttft_share(facts, "prefill", "queue"))
     what = {
         "contention": "waiting for a core (contention): CPU time per step about as before",
         "slower_compute": "slower compute (clocks, thermals, device): CPU time per step up with the wall",

@@ -59,6 +59,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     ),
     # A noisy neighbour: every step waits for a core (wall x2 at the same CPU time), the host load up.
     "compute_slowdown": (SimConfig(seed=17, fault={"cpu_wait_factor": 2.0}), "compute_slowdown"),
+    # A neighbour that slows every step x1.8 where a decode's per-sequence cost dominates a step: the
+    # engine falls below the same 2.5 requests/s, then the queue and a full batch follow.
+    "compute_slowdown_falls_behind": (
+        SimConfig(seed=24, rate_rps=2.5, step_base_s=0.003, per_seq_s=0.004, fault={"cpu_wait_factor": 1.8}),
+        "compute_slowdown",
+    ),
     # Clocks held down: the work itself slower (CPU time grows with the wall).
     "compute_slowdown_clocks": (SimConfig(seed=18, fault={"clock_factor": 1.8}), "compute_slowdown"),
     "long_outputs": (SimConfig(seed=19, fault={"output_median": 200}), "long_outputs"),

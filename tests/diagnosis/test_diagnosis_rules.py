@@ -166,6 +166,17 @@ def test_compute_slowdown_says_contention_or_slower_compute(
     assert kind.replace("_", " ") in finding.summary
 
 
+def test_a_slowdown_that_falls_behind_its_arrivals_explains_the_queue_that_follows(
+    scenario_source: StoreReader,
+) -> None:
+    before, after = halves("compute_slowdown_falls_behind")
+    result = diagnose(scenario_source, window=after, baseline=before)
+    top = result.findings[0]
+    period = result.decomposition["step_period"]["share"]
+    assert period["batch_size"] > 0.3, "the batch grew: part of the step period is the fuller batch"
+    assert top.cause == "compute_slowdown" and top.share_explained >= 0.9
+
+
 def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
     scenario_source: StoreReader,
 ) -> None:
