@@ -33,6 +33,10 @@ class DiagnosisConfig:
     # One-sided p-value under which a difference is taken as real. Strict, because a window is compared
     # on several metrics at once and the change point is chosen where the halves differ most.
     alpha: float = 0.001
+    # Requests of one queue are not independent samples: while a backlog lasts, every request waits. The
+    # rank and tail tests widen their variance by the sample's autocorrelation, estimated from the means
+    # of blocks this long (batch means; 0 treats requests as independent).
+    sample_block_s: float = 5.0
     # Below these sample sizes a side says nothing. Scenario runs hold ~50 requests a side, so a "P99" there
     # is the side's upper tail; the exceedance test and the 1.25 ratio keep one slow request from counting.
     min_requests_p50: int = 30

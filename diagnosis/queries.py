@@ -281,7 +281,8 @@ ORDER BY side
 # Requests sampled per side by a hash of the span id (the same sample on every run): a hash cut first
 # keeps the sort small, then LIMIT BY caps each side.
 REQUEST_SAMPLE = f"""
-SELECT {_SIDE}, ttft_s, tpot_s, e2e_s, tpot_max_s, queue_s, prefill_s, kv_transfer_s, input_tokens, is_error
+SELECT {_SIDE}, ttft_s, tpot_s, e2e_s, tpot_max_s, queue_s, prefill_s, kv_transfer_s, input_tokens, is_error,
+       toUnixTimestamp64Milli(time) / 1000.0 AS t
 FROM requests
 WHERE {_SIDES_WHERE}
   AND cityHash64(span_id) <= if({_CURRENT}, {{cut_c:UInt64}}, {{cut_b:UInt64}})

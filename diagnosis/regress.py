@@ -48,7 +48,11 @@ def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None
     r = stats.ratio(cur, base)
     if not r >= (cfg.min_ratio_p99 if q > 0.5 else cfg.min_ratio_p50):
         return None
-    p = stats.exceedance_greater(xc, xb, q) if q > 0.5 else stats.mann_whitney_greater(xc, xb)
+    times = (facts.sample[1].get("t", np.array([])), facts.sample[0].get("t", np.array([])))
+    if q > 0.5:
+        p = stats.exceedance_greater(xc, xb, q, times, cfg.sample_block_s)
+    else:
+        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s)
     if p >= cfg.alpha:
         return None
     return Regression(name, base, cur, r, p, nb, nc)
@@ -90,27 +94,33 @@ def slo(facts: Facts) -> tuple[float, float]:
 
 def slo_met(sample: dict[str, np.ndarray], ttft_slo: float, tpot_slo: float) -> tuple[int, int]:
     """(requests meeting the SLO, requests) in a sample; a missing TPOT (one output token) passes it."""
+    met = slo_mask(sample, ttft_slo, tpot_slo)
+    return int(met.sum()), len(met)
+
+
+def slo_mask(sample: dict[str, np.ndarray], ttft_slo: float, tpot_slo: float) -> np.ndarray:
+    """Per sampled request, whether it met the SLO (see `slo_met`)."""
     ttft, tpot, err = sample["ttft_s"], sample["tpot_s"], sample["is_error"]
-    if len(ttft) == 0:
-        return 0, 0
     ok_ttft = ttft <= ttft_slo if math.isfinite(ttft_slo) else np.ones(len(ttft), bool)
     ok_tpot = (~np.isfinite(tpot)) | (tpot <= tpot_slo) if math.isfinite(tpot_slo) else True
-    met = ok_ttft & ok_tpot & (np.nan_to_num(err) == 0)
-    return int(met.sum()), len(ttft)
+    return ok_ttft & ok_tpot & (np.nan_to_num(err) == 0)
 
 
 def _goodput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     """The share of requests meeting the SLO fell (reported as that share; `goodput_rps` in the data)."""
     ttft_slo, tpot_slo = slo(facts)
-    kb, nb = slo_met(facts.sample[0], ttft_slo, tpot_slo)
-    kc, nc = slo_met(facts.sample[1], ttft_slo, tpot_slo)
+    mb, mc = (slo_mask(side, ttft_slo, tpot_slo) for side in facts.sample)
+    kb, nb, kc, nc = int(mb.sum()), len(mb), int(mc.sum()), len(mc)
     if min(nb, nc) < cfg.min_requests_p99:
         return None
     base, cur = kb / nb, kc / nc
     r = stats.ratio(cur, base)
     if not r <= cfg.min_drop_rate:
         return None
-    p = stats.two_proportion_greater(nc - kc, nc, nb - kb, nb)
+    # Requests of one backlog miss the SLO together: the test's variance is widened as the latency tests'.
+    sides = [(mc, facts.sample[1].get("t", np.array([]))), (mb, facts.sample[0].get("t", np.array([])))]
+    inflation = stats.variance_inflation(sides, cfg.sample_block_s)
+    p = stats.two_proportion_greater(nc - kc, nc, nb - kb, nb, inflation)
     if p >= cfg.alpha:
         return None
     return Regression("goodput", base, cur, r, p, nb, nc)

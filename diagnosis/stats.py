@@ -26,8 +26,43 @@ def _finite(x: np.ndarray | list[float]) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def mann_whitney_greater(current: np.ndarray | list[float], baseline: np.ndarray | list[float]) -> float:
-    """One-sided p-value that `current` tends to be larger than `baseline` (1.0 when either is empty)."""
+def variance_inflation(sides: list[tuple[np.ndarray, np.ndarray]], block_s: float) -> float:
+    """By how much the variance of a side's mean exceeds the independent-samples one when nearby samples
+    move together (requests of one queue see the same backlog). `sides`: (values, times) of each side;
+    the batch-means estimate over blocks of `block_s` seconds, pooled over the sides around each side's
+    own mean (a shift between the sides is not autocorrelation). At least 1; 1 with fewer than 4 blocks'
+    worth of degrees of freedom (no estimate)."""
+    between, df, within, n = 0.0, 0, 0.0, 0
+    for values, times in sides:
+        v, t = np.asarray(values, dtype=float), np.asarray(times, dtype=float)
+        if len(v) != len(t) or block_s <= 0:
+            continue
+        ok = np.isfinite(v) & np.isfinite(t)
+        v, t = v[ok], t[ok]
+        if len(v) < 2:
+            continue
+        _, idx, counts = np.unique(np.floor((t - t.min()) / block_s), return_inverse=True, return_counts=True)
+        if len(counts) < 2:
+            continue
+        mean = v.mean()
+        between += float((counts * (np.bincount(idx, weights=v) / counts - mean) ** 2).sum())
+        df += len(counts) - 1
+        within += float(((v - mean) ** 2).sum())
+        n += len(v) - 1
+    if df < 4 or within <= 0:
+        return 1.0
+    return max(1.0, (between / df) / (within / n))
+
+
+def mann_whitney_greater(
+    current: np.ndarray | list[float],
+    baseline: np.ndarray | list[float],
+    times: tuple[np.ndarray, np.ndarray] | None = None,
+    block_s: float = 0.0,
+) -> float:
+    """One-sided p-value that `current` tends to be larger than `baseline` (1.0 when either is empty).
+    With `times` (each side's sample times) and `block_s`, the variance is widened by the samples'
+    autocorrelation (`variance_inflation` of each side's ranks)."""
     x, y = _finite(current), _finite(baseline)
     n1, n2 = len(x), len(y)
     if n1 == 0 or n2 == 0:
@@ -46,17 +81,30 @@ def mann_whitney_greater(current: np.ndarray | list[float], baseline: np.ndarray
     var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
     if var <= 0:
         return 1.0
+    if times is not None and block_s > 0:
+        tx, ty = _finite_times(current, times[0]), _finite_times(baseline, times[1])
+        var *= variance_inflation([(ranks[:n1], tx), (ranks[n1:], ty)], block_s)
     z = (u1 - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
     return _norm_sf(z)
 
 
-def two_proportion_greater(k_current: int, n_current: int, k_baseline: int, n_baseline: int) -> float:
-    """One-sided p-value that the current proportion is larger (pooled z-test; 1.0 when undefined)."""
+def _finite_times(values: np.ndarray | list[float], times: np.ndarray) -> np.ndarray:
+    """The times of the finite entries of `values` (all NaN when the two do not pair up)."""
+    v, t = np.asarray(values, dtype=float), np.asarray(times, dtype=float)
+    ok = np.isfinite(v)
+    return t[ok] if len(t) == len(v) else np.full(int(ok.sum()), np.nan)
+
+
+def two_proportion_greater(
+    k_current: int, n_current: int, k_baseline: int, n_baseline: int, inflation: float = 1.0
+) -> float:
+    """One-sided p-value that the current proportion is larger (pooled z-test, its variance times
+    `inflation`; 1.0 when undefined)."""
     if n_current <= 0 or n_baseline <= 0:
         return 1.0
     p1, p2 = k_current / n_current, k_baseline / n_baseline
     pooled = (k_current + k_baseline) / (n_current + n_baseline)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n_current + 1 / n_baseline))
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_current + 1 / n_baseline) * inflation)
     if se == 0:
         return 1.0 if p1 <= p2 else 0.0
     return _norm_sf((p1 - p2) / se)
@@ -75,14 +123,24 @@ def rate_greater(k_current: float, t_current: float, k_baseline: float, t_baseli
 
 
 def exceedance_greater(
-    current: np.ndarray | list[float], baseline: np.ndarray | list[float], q: float
+    current: np.ndarray | list[float],
+    baseline: np.ndarray | list[float],
+    q: float,
+    times: tuple[np.ndarray, np.ndarray] | None = None,
+    block_s: float = 0.0,
 ) -> float:
-    """One-sided p-value that more of `current` than of `baseline` lies above the baseline's q-quantile."""
+    """One-sided p-value that more of `current` than of `baseline` lies above the baseline's q-quantile;
+    with `times` and `block_s`, widened by the exceedances' autocorrelation as in `mann_whitney_greater`."""
     x, y = _finite(current), _finite(baseline)
     if len(x) == 0 or len(y) == 0:
         return 1.0
     threshold = float(np.quantile(y, q))
-    return two_proportion_greater(int((x > threshold).sum()), len(x), int((y > threshold).sum()), len(y))
+    ex, ey = x > threshold, y > threshold
+    inflation = 1.0
+    if times is not None and block_s > 0:
+        tx, ty = _finite_times(current, times[0]), _finite_times(baseline, times[1])
+        inflation = variance_inflation([(ex, tx), (ey, ty)], block_s)
+    return two_proportion_greater(int(ex.sum()), len(x), int(ey.sum()), len(y), inflation)
 
 
 def shift_statistic(x: np.ndarray, min_size: int) -> np.ndarray:
