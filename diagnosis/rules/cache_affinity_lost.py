@@ -1,9 +1,10 @@
 """cache_affinity_lost: the same prompts, scattered over the replicas: every replica's cache reuse falls.
 
-Evidence: the cached share of prompt tokens fell on every serving instance, and each shared prompt prefix
-landed on more instances (`affinity_keys_ratio`; each instance sees more distinct prefixes) while the
-fleet's distinct keys per request and the prompt lengths stayed put. Told apart from prefix_cache_miss,
-where the prompts themselves changed (the fleet's distinct keys per request rise).
+Evidence: the cached share of prompt tokens fell fleet-wide and on most serving instances (on none did it
+rise), and each shared prompt prefix landed on more instances (`affinity_keys_ratio`; each instance sees
+more distinct prefixes) while the fleet's distinct keys per request and the prompt lengths stayed put.
+Told apart from prefix_cache_miss, where the prompts themselves changed (the fleet's distinct keys per
+request rise).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def evaluate(facts: Facts) -> Finding | None:
     loc = facts.fleet
     serving = [n for n in loc.rows if n not in loc.lost and loc.side(n, 1, "requests") > 0]
     drops = [loc.side(n, 0, "cached_share") - loc.side(n, 1, "cached_share") for n in serving]
-    if not all(math.isfinite(d) and d >= cfg.cache_share_drop / 2 for d in drops):
+    # Fell on most replicas and rose on none: a replica that held few of the shared prefixes before (the
+    # router's overflow) had little reuse to lose.
+    fell = sum(math.isfinite(d) and d >= cfg.cache_share_drop / 2 for d in drops)
+    if fell * 2 < len(serving) or any(math.isfinite(d) and d <= -cfg.cache_share_drop / 2 for d in drops):
         return None
     cb, cc = facts.req_pair("cached_share")
     if not (math.isfinite(cb) and math.isfinite(cc) and cb - cc >= cfg.cache_share_drop):

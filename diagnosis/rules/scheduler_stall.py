@@ -13,6 +13,8 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
+    arrivals_rose,
+    best,
     channel_dominates,
     gaps_grew,
     make_finding,
@@ -20,6 +22,7 @@ from diagnosis.rules.base import (
     rpc_grew,
     steps_missing,
     strength,
+    ttft_share,
 )
 
 CAUSE = "scheduler_stall"
@@ -32,9 +35,10 @@ LEVER = (
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Mean gap before decode steps up by `gap_ratio` and `min_gap_increase_s`; RPC delay not grown, or
     grown by less than `rpc_share_of_gap` of the gaps' growth (`channel_dominates`).
-    Share = gaps' part of the step-period change. Arrivals are reported, not tested: more arrivals do
-    not open gaps between steps (`gaps_grew`), and a stall's queue makes the change point land where
-    arrivals happen to bunch."""
+    Share = gaps' part of the step-period change; at arrivals that did not rise, with the fuller batch,
+    the prefills in decode steps and the queue that follow once the stalls take the engine's capacity
+    below the arrivals. Arrivals are reported, not tested: more arrivals do not open gaps between steps
+    (`gaps_grew`), and a stall's queue makes the change point land where arrivals happen to bunch."""
     if missing := steps_missing(facts, CAUSE, "gaps between steps"):
         return missing
     symptoms = facts.regressed("tpot", "itl_max", "e2e", "ttft", "throughput", "goodput")
@@ -42,6 +46,9 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
     share = period_share(facts, "gaps")
+    if not arrivals_rose(facts):
+        consequences = period_share(facts, "gaps", "batch_size", "prefill_in_decode_steps")
+        share = best(share, consequences, ttft_share(facts, "queue"))
     evidence = [
         Evidence("gap_before_decode_step_s_mean", gb, gc),
         Evidence("gap_before_decode_step_s_p99", *facts.step_pair("work_gap_p99")),

@@ -65,6 +65,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=24, rate_rps=2.5, step_base_s=0.003, per_seq_s=0.004, fault={"cpu_wait_factor": 1.8}),
         "compute_slowdown",
     ),
+    # Stalls that take the engine below its arrivals: the batch fills behind them, and that is the
+    # stall's doing too.
+    "scheduler_stall_falls_behind": (
+        SimConfig(seed=25, rate_rps=2.5, step_base_s=0.003, per_seq_s=0.004, fault={"stall_ms": 60.0}),
+        "scheduler_stall",
+    ),
     # Clocks held down: the work itself slower (CPU time grows with the wall).
     "compute_slowdown_clocks": (SimConfig(seed=18, fault={"clock_factor": 1.8}), "compute_slowdown"),
     "long_outputs": (SimConfig(seed=19, fault={"output_median": 200}), "long_outputs"),

@@ -177,6 +177,17 @@ def test_a_slowdown_that_falls_behind_its_arrivals_explains_the_queue_that_follo
     assert top.cause == "compute_slowdown" and top.share_explained >= 0.9
 
 
+def test_a_stall_that_falls_behind_its_arrivals_explains_the_fuller_batch_that_follows(
+    scenario_source: StoreReader,
+) -> None:
+    before, after = halves("scheduler_stall_falls_behind")
+    result = diagnose(scenario_source, window=after, baseline=before)
+    top = result.findings[0]
+    period = result.decomposition["step_period"]["share"]
+    assert period["batch_size"] > 0.3 and period["gaps"] < 0.6, "gaps alone are half the step period's rise"
+    assert top.cause == "scheduler_stall" and top.share_explained >= 0.9
+
+
 def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
     scenario_source: StoreReader,
 ) -> None:

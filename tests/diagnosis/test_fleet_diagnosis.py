@@ -52,6 +52,13 @@ CASES = {
         {n: {"tenants": TENANTS} for n in IDS},
         **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS)},
     ),
+    # The same, with r2 taking the router's overflow before: few shared prompts, little reuse to lose.
+    "scattered_overflow": _fleet(
+        6 * HOUR,
+        {n: {"tenants": TENANTS} for n in IDS},
+        **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS[:2])},
+        r2=SHARED | {"shared_fraction": 0.05, "tenants": TENANTS},
+    ),
 }
 
 
@@ -126,6 +133,15 @@ def test_shared_prompts_scattered_over_every_replica_is_cache_affinity_lost_flee
     assert ev["input_tokens_mean"][1] == pytest.approx(ev["input_tokens_mean"][0], rel=0.1)
     assert "prefix_cache_miss" not in {f["cause"] for f in d["findings"]}
     assert d["decomposition"]["ttft"]["mean"]["share"]["prefill"] > 0.8  # the misses' prefill is the rise
+
+
+def test_scattered_prompts_with_one_replica_that_held_little_reuse_is_still_cache_affinity_lost(source):
+    d = _diagnose(source, "scattered_overflow")
+    top = d["findings"][0]
+    assert top["cause"] == "cache_affinity_lost" and {"r0", "r1"} <= set(top["scope"]["instances"])
+    ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
+    assert ev["cached_token_share[r2]"][0] < 0.2  # nothing to lose there; r0 and r1 lost theirs
+    assert "prefix_cache_miss" not in {f["cause"] for f in d["findings"]}
 
 
 def test_the_instance_filter_diagnoses_one_healthy_replica_as_healthy(source):
