@@ -121,6 +121,12 @@ class DiagnosisConfig:
     cpu_growth_share: float = 0.5
     # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention.
     host_overload_per_cpu: float = 1.5
+    # Contention from the engine's own work: its core process's CPU (cores' worth) up by 0.1 and x1.25
+    # while its stepping thread waits. Dev runs: a noisy neighbour or a CPU quota took it 0.56 -> 0.35,
+    # 0.39 -> 0.37, 0.17 -> 0.12; a slow codec's encoding 0.57 -> 0.84, throttled KV transfers 0.22 -> 0.36
+    # and 0.29 -> 0.48 (the engine did more work, not the same work more slowly).
+    own_cpu_rise: float = 0.1
+    own_cpu_ratio: float = 1.25
     # Load noise: a regression with no finding is the load's when arrivals and the running batch rose by
     # at least this (but not past arrival_ratio with significance) and batch size and prefill in decode
     # steps carry `load_share` of the step period's growth (queue and prefill of TTFT's); a healthy run

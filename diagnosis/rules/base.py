@@ -158,6 +158,15 @@ def channel_dominates(facts: Facts) -> bool:
     return rpc >= facts.config.rpc_share_of_gap * gap
 
 
+def own_work_grew(facts: Facts) -> bool:
+    """Did the engine core process's own CPU use (cores' worth, from /proc) rise past `own_cpu_rise` and
+    `own_cpu_ratio`? When its stepping thread waits for a core meanwhile, the engine's other work (its
+    channel's encoding, KV transfers) took the core, not a neighbour."""
+    cfg = facts.config
+    b, c = facts.step_pair("host_engine_cpu_share") if facts.steps is not None else (math.nan, math.nan)
+    return b > 0 and c - b >= cfg.own_cpu_rise and c >= cfg.own_cpu_ratio * b
+
+
 def gaps_grew(facts: Facts) -> bool:
     """Did the mean gap before decode steps grow past `gap_ratio` and `min_gap_increase_s`?
 

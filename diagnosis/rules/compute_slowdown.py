@@ -6,7 +6,9 @@ per step and limits: look-alike weight_quant_off changes the dtype and the bytes
 oversized_batch grows the batch instead). Which kind of slowdown, from the stepping thread's CPU time per
 step (`steps.cpu_s`) against its wall time at equal batch size: wall up at about equal CPU means the
 thread waited for a core (contention); CPU up with the wall means each step's work got slower (clocks,
-thermals, a slower device). Host counters joined to the steps back it: the load average and runnable
+thermals, a slower device). Contention while the engine core process's own CPU use rose is not this
+cause: the engine's other work (its channel's encoding, KV transfers) took the cores (`own_work_grew`).
+Host counters joined to the steps back it: the load average and runnable
 tasks above the cores, CPU steal, the engine process's share of a core; on CUDA the SM clock against its
 maximum, NVML's clock-event (throttle) reasons and other processes on the GPU.
 """
@@ -21,6 +23,7 @@ from diagnosis.rules.base import (
     arrivals_rose,
     best,
     make_finding,
+    own_work_grew,
     period_share,
     steps_missing,
     strength,
@@ -82,6 +85,8 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not speed >= cfg.equal_batch_ratio or not config_unchanged(facts):
         return None
     how, cpu_ratio = kind(facts, speed)
+    if how == "contention" and own_work_grew(facts):
+        return None  # the engine's own other work took the cores: it did more work, not the same slower
     share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
     if not arrivals_rose(facts):
         # the same arrivals on a slower engine: once its capacity falls below them, the queue, the fuller

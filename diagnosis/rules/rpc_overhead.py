@@ -6,9 +6,10 @@ Evidence: the front end's measured delay between the core producing a token and 
 encode time also shows there, which is why the front-end delay is the discriminating measurement).
 Look-alike compute_slowdown: a replica held to a share of the CPU delays its front end's reads too, but
 its steps also take longer at equal batch size, which a channel cannot do (the core encodes between
-steps): then this rule stays out. Look-alike frontend_bottleneck: a front end short of CPU reads every
-token late, so the delay grows too, but its event loop's lag grows by more (`loop_busy`): this rule stays
-out.
+steps): then this rule stays out, unless the core process's own CPU use rose with it (its encoding took
+the stepping thread's core: `own_work_grew`). Look-alike frontend_bottleneck: a front end short of CPU
+reads every token late, so the delay grows too, but its event loop's lag grows by more (`loop_busy`):
+this rule stays out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
-from diagnosis.rules.base import best, channel_dominates, loop_busy, make_finding, rpc_grew, strength
+from diagnosis.rules.base import (
+    best,
+    channel_dominates,
+    loop_busy,
+    make_finding,
+    own_work_grew,
+    rpc_grew,
+    strength,
+)
 
 CAUSE = "rpc_overhead"
 LEVER = (
@@ -38,7 +47,8 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not rpc_grew(facts):
         return None
     period = facts.decomposition.get("step_period", {})
-    if period.get("available") and period.get("equal_batch_ratio", 1.0) >= cfg.equal_batch_ratio:
+    slower = period.get("available") and period.get("equal_batch_ratio", 1.0) >= cfg.equal_batch_ratio
+    if slower and not own_work_grew(facts):
         return None  # the steps themselves got slower: the host or the device, not the channel
     if loop_busy(facts):
         return None  # the front end's loop reads late: frontend_bottleneck's evidence

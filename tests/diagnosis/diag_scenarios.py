@@ -71,6 +71,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=25, rate_rps=2.5, step_base_s=0.003, per_seq_s=0.004, fault={"stall_ms": 60.0}),
         "scheduler_stall",
     ),
+    # A codec so slow that the core's own encoding takes its stepping thread's core: the steps wait for a
+    # core as under a neighbour, but the engine core process's own CPU use rose. The channel, not the host.
+    "rpc_overhead_own_cpu": (
+        SimConfig(seed=26, fault={"rpc_factor": 20.0, "cpu_wait_factor": 1.5, "engine_cpu_share": 0.85}),
+        "rpc_overhead",
+    ),
     # Clocks held down: the work itself slower (CPU time grows with the wall).
     "compute_slowdown_clocks": (SimConfig(seed=18, fault={"clock_factor": 1.8}), "compute_slowdown"),
     "long_outputs": (SimConfig(seed=19, fault={"output_median": 200}), "long_outputs"),

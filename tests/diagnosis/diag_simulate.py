@@ -82,6 +82,7 @@ class SimConfig:
     cpu_wait_factor: float = 1.0
     clock_factor: float = 1.0
     host_load: float = 1.5
+    engine_cpu_share: float = 0.55  # cores' worth of CPU the engine core process uses (host counter)
     # the front end: CPU seconds per request on its event loop before the request reaches the core
     frontend_cpu_s: float = 0.0008
     # sampling: 1-in-N steps recorded; requests head-sampled at `head_ratio`, slower ones than
@@ -238,6 +239,7 @@ class Simulator:
                     "weight_dtype": c.weight_dtype,
                     "cpu": cpu,
                     "load": c.host_load * c.cpu_wait_factor * rng.lognormal(0, 0.1),
+                    "engine_cpu": c.engine_cpu_share,  # no draw: the other streams stay as they were
                 }
             )
             step_id += 1
@@ -489,6 +491,7 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
         }
         if s["id"] % 50 == 0:  # host counters ride on about one step a second
             a["stepscope.host.load_1m"] = _attr(s["load"])
+            a["stepscope.host.engine_cpu_share"] = _attr(s["engine_cpu"])
         add("engine.step", "SPAN_KIND_INTERNAL", s["start"], s["dur"], a)
     return cols, steps
 

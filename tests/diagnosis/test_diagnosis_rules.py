@@ -188,6 +188,16 @@ def test_a_stall_that_falls_behind_its_arrivals_explains_the_fuller_batch_that_f
     assert top.cause == "scheduler_stall" and top.share_explained >= 0.9
 
 
+def test_steps_waiting_for_a_core_the_engine_itself_took_are_not_a_compute_slowdown(
+    scenario_source: StoreReader,
+) -> None:
+    before, after = halves("rpc_overhead_own_cpu")
+    result = diagnose(scenario_source, window=after, baseline=before)
+    assert result.decomposition["step_period"]["equal_batch_ratio"] >= 1.2  # the steps did slow down
+    assert result.findings[0].cause == "rpc_overhead"
+    assert "compute_slowdown" not in {f.cause for f in result.findings}
+
+
 def test_a_flat_arrival_ttft_rise_in_a_request_only_trace_is_not_overload(
     scenario_source: StoreReader,
 ) -> None:
