@@ -290,8 +290,8 @@ def case_config(case: Case, base: Any, out: Path) -> Any:
     }  # fmt: skip
     if case.load_fraction is not None:
         changes["load_fraction"] = case.load_fraction
-    if is_fleet(case.fault):
-        changes |= FLEET
+    if is_fleet(case.fault) or (case.fault is None and is_fleet(case.workload)):
+        changes |= FLEET  # a fleet fault's healthy runs: the same fleet, no switch
     return dataclasses.replace(base, **changes)
 
 

@@ -143,14 +143,15 @@ def _between(bounds: tuple[float, float], u: float) -> float:
 
 
 def healthy_workloads(faults: list[str]) -> dict[str, list[str]]:
-    """The distinct workloads of `faults` (their documents, system prompt, closed-loop clients and
-    engine options): name -> the faults that share it. The default workload comes first, always."""
+    """The distinct workloads of `faults` (their documents, system prompt, closed-loop clients, engine
+    options and whether they run on a fleet): name -> the faults that share it. The default workload
+    comes first, always; a fleet fault's healthy runs are fleets of the same size (`FLEET`)."""
     by_setting: dict[tuple[object, ...], str] = {}
     out: dict[str, list[str]] = {DEFAULT_WORKLOAD: []}
     for name in faults:
         f = FAULTS[name]
-        key = (tuple(sorted((k, repr(v)) for k, v in f.workload.items())), f.clients, f.serve_args)
-        if key == ((), None, ()):
+        key = (tuple(sorted((k, repr(v)) for k, v in f.workload.items())), f.clients, f.serve_args, f.fleet)
+        if key == ((), None, (), False):
             out[DEFAULT_WORKLOAD].append(name)
             continue
         label = by_setting.setdefault(key, name)

@@ -93,6 +93,19 @@ def test_a_healthy_run_under_a_faults_workload_has_its_demand_and_engine_but_no_
     assert default.onset == pytest.approx(0.3 * default.duration_s)
 
 
+def test_a_healthy_run_under_a_fleet_faults_workload_is_the_same_fleet():
+    base = ScenarioConfig(out=Path("/nonexistent"))
+    workloads = healthy_workloads(list(FAULTS))
+    fleet_default = next(w for w, names in workloads.items() if "replica_slow" in names)
+    assert fleet_default != "default" and "replica_down" in workloads[fleet_default]
+    for workload in (fleet_default, "routing_skew", "cache_affinity_lost"):
+        cfg = ev.case_config(Case(None, 100, workload=workload), base, Path("/x"))
+        assert cfg.fault is None and cfg.replicas == 3 and cfg.model == "tiny", workload
+    skew = ev.case_config(Case(None, 100, workload="routing_skew"), base, Path("/x"))
+    assert fault_clients(skew) == FAULTS["routing_skew"].clients
+    assert ev.case_config(Case(None, 100), base, Path("/x")).replicas == 1
+
+
 def test_quick_grid_is_one_case_per_fault_at_its_default_plus_two_healthy_workloads():
     quick = grid(list(FAULTS), "quick", ("dev",))
     faulty = [c for c in quick if c.fault]
