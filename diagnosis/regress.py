@@ -48,7 +48,7 @@ def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None
     r = stats.ratio(cur, base)
     if not r >= (cfg.min_ratio_p99 if q > 0.5 else cfg.min_ratio_p50):
         return None
-    times = (facts.sample[1].get("t", np.array([])), facts.sample[0].get("t", np.array([])))
+    times = _sample_times(facts)
     if q > 0.5:
         p = stats.exceedance_greater(xc, xb, q, times, cfg.sample_block_s)
     else:
@@ -56,6 +56,11 @@ def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None
     if p >= cfg.alpha:
         return None
     return Regression(name, base, cur, r, p, nb, nc)
+
+
+def _sample_times(facts: Facts) -> tuple[np.ndarray, np.ndarray]:
+    """(current, baseline) arrival times of the sampled requests, paired with `facts.sample`'s columns."""
+    return facts.sample[1].get("t", np.array([])), facts.sample[0].get("t", np.array([]))
 
 
 def _interval_rates(facts: Facts, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -118,8 +123,8 @@ def _goodput(facts: Facts, cfg: DiagnosisConfig) -> Regression | None:
     if not r <= cfg.min_drop_rate:
         return None
     # Requests of one backlog miss the SLO together: the test's variance is widened as the latency tests'.
-    sides = [(mc, facts.sample[1].get("t", np.array([]))), (mb, facts.sample[0].get("t", np.array([])))]
-    inflation = stats.variance_inflation(sides, cfg.sample_block_s)
+    tc, tb = _sample_times(facts)
+    inflation = stats.variance_inflation([(mc, tc), (mb, tb)], cfg.sample_block_s)
     p = stats.two_proportion_greater(nc - kc, nc, nb - kb, nb, inflation)
     if p >= cfg.alpha:
         return None

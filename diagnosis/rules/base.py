@@ -95,6 +95,16 @@ def best(*values: float) -> float:
 
 
 # -- evidence tests that tell look-alike causes apart (used by more than one rule) ----------------
+def with_consequences(facts: Facts, share: float, period: tuple[str, ...], ttft: tuple[str, ...]) -> float:
+    """`share`, or more when arrivals did not rise: an engine that lost capacity (`period` and `ttft`: the
+    parts that hold the cause itself) falls behind the same arrivals, and the fuller batch, the prefills
+    riding in decode steps and the queue that follow are its doing too."""
+    if arrivals_rose(facts):
+        return share
+    behind = period_share(facts, *period, "batch_size", "prefill_in_decode_steps") if period else math.nan
+    return best(share, behind, ttft_share(facts, *ttft, "queue"))
+
+
 def arrivals_rose(facts: Facts) -> bool:
     """Did arrivals rise: by `arrival_ratio` and beyond Poisson noise (`arrival_p`)? The rules that need
     arrivals flat ask this: ~70 requests a side spread their ratio by ~0.17 at an unchanged rate."""

@@ -8,9 +8,9 @@ step (`steps.cpu_s`) against its wall time at equal batch size: wall up at about
 thread waited for a core (contention); CPU up with the wall means each step's work got slower (clocks,
 thermals, a slower device). Contention while the engine core process's own CPU use rose is not this
 cause: the engine's other work (its channel's encoding, KV transfers) took the cores (`own_work_grew`).
-Host counters joined to the steps back it: the load average and runnable
-tasks above the cores, CPU steal, the engine process's share of a core; on CUDA the SM clock against its
-maximum, NVML's clock-event (throttle) reasons and other processes on the GPU.
+Host counters joined to the steps back it: the load average and runnable tasks above the cores, CPU
+steal, the engine process's share of a core; on CUDA the SM clock against its maximum, NVML's
+clock-event (throttle) reasons and other processes on the GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
-    arrivals_rose,
     best,
     make_finding,
     own_work_grew,
@@ -28,6 +27,7 @@ from diagnosis.rules.base import (
     steps_missing,
     strength,
     ttft_share,
+    with_consequences,
 )
 
 CAUSE = "compute_slowdown"
@@ -88,11 +88,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if how == "contention" and own_work_grew(facts):
         return None  # the engine's own other work took the cores: it did more work, not the same slower
     share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
-    if not arrivals_rose(facts):
-        # the same arrivals on a slower engine: once its capacity falls below them, the queue, the fuller
-        # batch and the prefills riding in decode steps that follow are the slowdown's doing too
-        consequences = period_share(facts, "equal_batch_step_time", "batch_size", "prefill_in_decode_steps")
-        share = best(share, consequences, ttft_share(facts, "prefill", "queue"))
+    share = with_consequences(facts, share, ("equal_batch_step_time",), ("prefill",))
     what = {
         "contention": "waiting for a core (contention): CPU time per step about as before",
         "slower_compute": "slower compute (clocks, thermals, device): CPU time per step up with the wall",

@@ -11,7 +11,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
-from diagnosis.rules.base import arrivals_rose, best, make_finding, strength, ttft_share
+from diagnosis.rules.base import make_finding, strength, ttft_share, with_consequences
 
 CAUSE = "kv_transfer_slow"
 LEVER = (
@@ -41,10 +41,7 @@ def evaluate(facts: Facts) -> Finding | None:
         shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio
     ):
         return None
-    share = ttft_share(facts, "kv_transfer")
-    if not arrivals_rose(facts):
-        # the same arrivals behind a slower hand-off: the queue that builds up behind it is its doing too
-        share = best(share, ttft_share(facts, "kv_transfer", "queue"))
+    share = with_consequences(facts, ttft_share(facts, "kv_transfer"), (), ("kv_transfer",))
     return make_finding(
         facts,
         CAUSE,

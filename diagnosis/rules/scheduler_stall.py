@@ -13,8 +13,6 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
-    arrivals_rose,
-    best,
     channel_dominates,
     gaps_grew,
     make_finding,
@@ -22,7 +20,7 @@ from diagnosis.rules.base import (
     rpc_grew,
     steps_missing,
     strength,
-    ttft_share,
+    with_consequences,
 )
 
 CAUSE = "scheduler_stall"
@@ -45,10 +43,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")
     if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
-    share = period_share(facts, "gaps")
-    if not arrivals_rose(facts):
-        consequences = period_share(facts, "gaps", "batch_size", "prefill_in_decode_steps")
-        share = best(share, consequences, ttft_share(facts, "queue"))
+    share = with_consequences(facts, period_share(facts, "gaps"), ("gaps",), ())
     evidence = [
         Evidence("gap_before_decode_step_s_mean", gb, gc),
         Evidence("gap_before_decode_step_s_p99", *facts.step_pair("work_gap_p99")),
