@@ -1,6 +1,8 @@
 """Size a scenario's load to this machine: measure the engine's capacity once, cache it.
 
-The probe starts `stepscope serve` with the scenario's engine (no tracing), runs the scenario's two
+The probe starts `stepscope serve` with the scenario's engine, traced into its own `stepscope collector` as
+the run's engine is (a traced fleet of tiny replicas on two cores spends a large share of them on its
+spans: an untraced probe overstated its capacity), runs the scenario's two
 streams in a closed loop at `max_num_seqs` requests in flight for `PROBE_S` seconds (the batch kept
 full: the engine's saturated throughput), and counts the requests completed after its first quarter
 (the ramp while the batch fills).
@@ -15,6 +17,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import socket
 import time
 from dataclasses import replace
@@ -22,12 +25,14 @@ from pathlib import Path
 
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from scenarios.config import ScenarioConfig, fault_workload, workloads
-from scenarios.procs import start_server, warm_up
+from scenarios.procs import start_collector, start_server, warm_up
+from stepscope.procs import Proc, free_port
 
 PROBE_S = 20.0
 WARM_SHARE = 0.25  # the probe's first quarter fills the batch; completions are counted after it
 CACHE_MAX_AGE_S = 2 * 3600  # neighbours' load on a shared machine changes capacity several-fold
 WORKLOAD_VERSION = 2  # bump when `scenarios.config.workloads` changes
+PROBE_VERSION = 2  # bump when the probe's method changes (2: traced as the run is)
 CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stepscope" / "capacity.json"
 CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 
@@ -35,7 +40,10 @@ CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 def cache_key(cfg: ScenarioConfig) -> str:
     """What the capacity depends on: host, model and engine options, workload version."""
     workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
-    return json.dumps([socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION, workload])
+    return json.dumps(
+        [socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION, workload, PROBE_VERSION]
+        + [cfg.step_spans, cfg.scrape]
+    )
 
 
 def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
@@ -55,13 +63,24 @@ def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
     return value
 
 
-def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
-    """Measure the saturated throughput (requests/s) with a short closed-loop run; no tracing."""
+def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True) -> float:
+    """Measure the saturated throughput (requests/s) with a short closed-loop run, traced (and scraped)
+    into a collector of its own as the run is (`traced=False`: the engine alone)."""
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
-    cfg.log(f"calibrate: probing capacity for {duration_s:g}s")
-    server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), None)
+    cfg.log(f"calibrate: probing capacity for {duration_s:g}s{'' if traced else ', untraced'}")
+    store = out / "calibrate-store"
+    store.mkdir(exist_ok=True)
+    procs: list[Proc] = []
     try:
+        otlp, port = None, free_port()
+        if traced:
+            collector, otlp = start_collector(
+                store, out / "calibrate-collector.log", port if cfg.scrape else None, cfg.scrape_interval_s
+            )
+            procs.append(collector)
+        server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), otlp, port)
+        procs.append(server)
         warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure
         seqs = int(cfg.max_num_seqs) * cfg.replicas  # a fleet's batches all kept full
         c_shared = max(1, round(seqs * cfg.shared_fraction))
@@ -79,7 +98,9 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S) -> float:
 
         results = asyncio.run(both())
     finally:
-        server.stop()
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(store, ignore_errors=True)  # the probe's spans are nobody's evidence
     ends = [r.end_s for res in results for r in res.records if r.ok and r.end_s is not None]
     value = steady_rate(ends, duration_s)
     cfg.log(f"calibrate: {len(ends)} requests in {duration_s:g}s: capacity {value:.2f} requests/s")
