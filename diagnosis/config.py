@@ -156,6 +156,7 @@ class DiagnosisConfig:
     # When the fleet's symptoms hold, at most this many instances (those whose means rose most, by
     # localize_min_lift or more) are diagnosed alone: a 256-instance fleet costs a handful of diagnoses.
     alone_max_instances: int = 4
+    peer_sample_rows: int = 50_000  # requests read for the peer test of an instance diagnosed alone
     localize_min_requests: int = 10  # fewer baseline requests: the instance is compared with the fleet's
     # An instance that served in the baseline is lost when its current request rate is a tenth or less.
     lost_instance_share: float = 0.1

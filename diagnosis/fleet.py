@@ -19,10 +19,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from collector.client import Reader
 from collector.timerange import TimeRange
-from diagnosis import queries
+from diagnosis import queries, stats
 from diagnosis.facts import num
+from diagnosis.records import Regression
 
 _TABLES = re.compile(r"\bFROM (requests|steps)\b")
 _LATENCY = ("ttft", "tpot", "e2e")
@@ -168,6 +171,59 @@ def peer_step_ratio(source: Reader, current: TimeRange, subset: tuple[str, ...])
             num_ += n * d
             den += n * peers[b]
     return num_ / den if den > 0 else math.nan
+
+
+def peer_regressions(fleet: Reader, instance: str, facts: Any) -> list[Regression]:
+    """`instance`'s TTFT and TPOT medians against its peers': each of its requests over the peers' median in
+    the same `sample_block_s` block of time, current window against baseline, with the latency tests'
+    autocorrelation-aware rank test (`against="peers"`). Load the whole fleet shares (the host's other
+    work, the collector's inserts) moves every instance alike and cancels; one replica held to a share of
+    the CPU does not. `facts`: the instance's own Facts (its windows and config)."""
+    cfg = facts.config
+    params = {"b0": int(facts.baseline.start * 1e9), "b1": int(facts.baseline.end * 1e9)}
+    params |= {"c0": int(facts.window.start * 1e9), "c1": int(facts.window.end * 1e9)}
+    result = fleet.query(queries.PEER_LATENCY, params | {"instance": instance, "n": cfg.peer_sample_rows})
+    if not result.rows:
+        return []
+    col = {name: i for i, name in enumerate(result.columns)}
+    rows = list(zip(*result.rows, strict=True))
+    side = np.asarray(rows[col["side"]], dtype=int)
+    own = np.asarray(rows[col["own"]], dtype=bool)
+    t = np.asarray(rows[col["t"]], dtype=float)
+    block = np.floor((t - facts.baseline.start) / cfg.sample_block_s).astype(int)
+    out = []
+    for name, column in (("ttft_p50", "ttft_s"), ("tpot_p50", "tpot_s")):
+        x = np.asarray([np.nan if v is None else v for v in rows[col[column]]], dtype=float)
+        rel, keep = _over_peers(x, own, block)
+        xb, xc = rel[keep & (side == 0)], rel[keep & (side == 1)]
+        if min(len(xb), len(xc)) < cfg.min_requests_p50:
+            continue
+        base, cur = float(np.exp(np.median(xb))), float(np.exp(np.median(xc)))
+        r = stats.ratio(cur, base)
+        if not r >= cfg.min_ratio_p50:
+            continue
+        times = (t[keep & (side == 1)], t[keep & (side == 0)])
+        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s)
+        if p < cfg.alpha:
+            out.append(Regression(name, base, cur, r, p, len(xb), len(xc), against="peers"))
+    return out
+
+
+def _over_peers(x: np.ndarray, own: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, log(x / the peers' median x in the row's block), and which own rows have one (a block
+    needs `_MIN_PEERS` peer values)."""
+    rel = np.full(len(x), np.nan)
+    valid = np.isfinite(x) & (x > 0)
+    for b in np.unique(block[own & valid]):
+        here = block == b
+        peers = x[here & ~own & valid]
+        if len(peers) >= _MIN_PEERS:
+            mine = here & own & valid
+            rel[mine] = np.log(x[mine] / np.median(peers))
+    return rel, np.isfinite(rel)
+
+
+_MIN_PEERS = 3  # peer requests in a block for its median to stand for the fleet's load there
 
 
 def request_shares(loc: Localization, serving_only: bool = False) -> dict[str, tuple[float, float]]:

@@ -16,7 +16,7 @@ from diagnosis import facts as F
 from diagnosis import stats, unexplained
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
-from diagnosis.fleet import Localization, ScopedReader, localize, peer_step_ratio
+from diagnosis.fleet import Localization, ScopedReader, localize, peer_regressions, peer_step_ratio
 from diagnosis.records import Diagnosis, Evidence, Finding, NotEnoughData
 from diagnosis.regress import detect, num0, slo, slo_met
 from diagnosis.rules import RULE_CAUSES, RULES
@@ -92,11 +92,14 @@ def diagnose(
     baseline: TimeRange | None = None,
     config: DiagnosisConfig | None = None,
     without_rules: tuple[str, ...] = (),
+    against_peers: tuple[Reader, str] | None = None,
 ) -> Diagnosis:
     """Diagnose `window` (everything stored when None) against `baseline` (found by a change point inside
     the window when None). Read-only; a handful of queries, each aggregated in ClickHouse.
     `without_rules`: causes whose rules are switched off (what the diagnosis says when a cause is not
-    known to it: `unexplained`, never the closest wrong label). ValueError for an unknown cause."""
+    known to it: `unexplained`, never the closest wrong label). ValueError for an unknown cause.
+    `against_peers`: (the fleet's reader, the instance `source` holds): when nothing regressed against the
+    instance's own baseline, its latency is tested against its peers' (`fleet.peer_regressions`)."""
     cfg = config or DiagnosisConfig()
     unknown = sorted(set(without_rules) - set(RULE_CAUSES))
     if unknown:
@@ -128,6 +131,8 @@ def diagnose(
         intervals = (series.index_of(window.start), k, len(series))
     facts = gather(source, baseline, current, series, cfg, intervals)
     regressions = tuple(detect(facts))
+    if not regressions and against_peers is not None:
+        regressions = tuple(peer_regressions(*against_peers, facts))
     facts = dataclasses.replace(facts, regressions=regressions, decomposition=decompose(facts))
     loc = localize(source, facts)
     facts = dataclasses.replace(facts, fleet=loc)
@@ -210,18 +215,22 @@ def _instances_alone(
     """The fleet's symptoms held, but one instance's may have regressed on its own, diluted in the fleet's
     average (one replica held to a third of the time while its peers, given the cores it left, sped up).
     The instances whose mean TTFT, TPOT or E2E rose by `localize_min_lift` over the fleet's two windows
-    (one query for all of them, in `loc`) are diagnosed alone, the `alone_max_instances` that rose most,
-    at `alpha` over the number of instances. A diagnosis scoped to the instances that regressed, or None
-    when none did, or all did (then it is the fleet's)."""
+    (one query for all of them, in `loc`), on their own or against their peers' means, are diagnosed
+    alone, the `alone_max_instances` that rose most, at `alpha` over the number of instances (each with its
+    own change point, and tested against its peers when its own baseline shows nothing: load the whole
+    fleet shared can swing a baseline and place the fleet's change point elsewhere). A diagnosis scoped to
+    the instances that regressed, or None when none did, or all did (then it is the fleet's)."""
     instances = sorted(loc.rows)
-    rose = {n: _mean_lift(loc, n) for n in instances}
+    rose = {n: max(_mean_lift(loc, n), _peer_lift(loc, n, instances)) for n in instances}
     floor = math.log1p(cfg.localize_min_lift)
     chosen = sorted((n for n in instances if rose[n] >= floor), key=lambda n: -rose[n])
     if not chosen:
         return None
     strict = dataclasses.replace(cfg, alpha=cfg.alpha / len(instances))
-    alone = {n: diagnose(ScopedReader(source, instances=[n]), window, baseline, strict, without_rules)
-             for n in chosen[: cfg.alone_max_instances]}  # fmt: skip
+    alone = {
+        n: diagnose(ScopedReader(source, instances=[n]), window, baseline, strict, without_rules, (source, n))
+        for n in chosen[: cfg.alone_max_instances]
+    }
     hit = {n: d for n, d in alone.items() if d.regressions}
     if not hit or len(hit) == len(instances):
         return None
@@ -234,9 +243,11 @@ def _instances_alone(
         findings += [_scoped(dataclasses.replace(f, scope=None), loc, source, cut, cfg) for f in d.findings]
     findings.sort(key=lambda f: -f.confidence)
     worst = hit[order[0]]
+    peers = [n for n in order if any(r.against == "peers" for r in hit[n].regressions)]
     note = (
         f"the fleet's symptoms held; {', '.join(order)} regressed on its own (diagnosed alone: "
         f"{len(alone)} of {len(instances)} instances, alpha {strict.alpha:g})"
+        + (f"; {', '.join(peers)} against its peers in the same time blocks" if peers else "")
     )
     return dataclasses.replace(worst, findings=tuple(findings), notes=(note, *worst.notes))
 
@@ -249,6 +260,27 @@ def _mean_lift(loc: Localization, instance: str) -> float:
         if b > 0 and c > 0:
             lifts.append(math.log(c / b))
     return max(lifts)
+
+
+def _peer_lift(loc: Localization, instance: str, instances: list[str]) -> float:
+    """The largest log ratio of an instance's current to baseline mean TTFT, TPOT and E2E over the same
+    ratio of its peers' request-weighted means (0 without)."""
+    lifts = [0.0]
+    peers = [n for n in instances if n != instance]
+    for key in ("ttft_mean", "tpot_mean", "e2e_mean"):
+        b, c = loc.side(instance, 0, key), loc.side(instance, 1, key)
+        pb, pc = (_weighted_mean(loc, peers, side, key) for side in (0, 1))
+        if all(x > 0 for x in (b, c, pb, pc)):  # NaN (no requests on a side) fails
+            lifts.append(math.log((c / b) / (pc / pb)))
+    return max(lifts)
+
+
+def _weighted_mean(loc: Localization, names: list[str], side: int, key: str) -> float:
+    """The request-weighted mean of `key` over `names` on one side (NaN without requests)."""
+    pairs = [(loc.side(n, side, "requests"), loc.side(n, side, key)) for n in names]
+    pairs = [(w, x) for w, x in pairs if w > 0 and math.isfinite(x)]
+    total = sum(w for w, _ in pairs)
+    return sum(w * x for w, x in pairs) / total if total > 0 else math.nan
 
 
 def _scoped(

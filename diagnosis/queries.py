@@ -336,6 +336,17 @@ GROUP BY in_subset, batch_size
 ORDER BY in_subset, batch_size
 """
 
+# One instance's requests and its peers' over both sides, a sample of at most `n` rows (the peer test of an
+# instance diagnosed alone: diagnosis/fleet.py `peer_regressions`).
+PEER_LATENCY = f"""
+SELECT {_SIDE}, instance = {{instance:String}} AS own, toUnixTimestamp64Milli(time) / 1000.0 AS t,
+       ttft_s, tpot_s
+FROM requests
+WHERE {_SIDES_WHERE}
+ORDER BY cityHash64(span_id)
+LIMIT {{n:UInt32}}
+"""
+
 # The service / instance filter of `--service` / `--instance`: each read of `requests` or `steps` becomes a
 # read of its filtered rows (an empty list keeps every row).
 SCOPED_TABLE = (

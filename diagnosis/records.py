@@ -40,6 +40,10 @@ class Regression:
     p_value: float
     n_baseline: int = 0
     n_current: int = 0
+    # "baseline": the current window against the baseline window. "peers": one instance's latency over its
+    # peers' in the same time blocks, current against baseline (baseline and current are those ratios), for
+    # an instance whose own baseline swung with load the whole fleet shared.
+    against: str = "baseline"
 
     @property
     def family(self) -> str:
@@ -56,6 +60,7 @@ class Regression:
                 "p_value": self.p_value,
                 "n_baseline": self.n_baseline,
                 "n_current": self.n_current,
+                "against": self.against,
             }
         )
 

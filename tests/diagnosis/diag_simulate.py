@@ -95,6 +95,9 @@ class SimConfig:
     hiccup_prob: float = 0.004
     contention_prob: float = 0.01  # per second: an episode of slower CPU starts
     contention_factor: float = 1.3
+    # Load the whole host shares, the same for every replica of a fleet (no draw): (from_s, to_s, factor)
+    # windows in which the gaps between steps take `factor` times as long (the loop waits for a core).
+    host_swings: tuple[tuple[float, float, float], ...] = ()
 
 
 @dataclass
@@ -206,7 +209,7 @@ class Simulator:
             gap = c.gap_base_s * rng.lognormal(0, 0.3) + c.rpc_encode_per_seq_s * c.rpc_factor * len(batch)
             if c.stall_ms and rng.random() < c.stall_prob:
                 gap += rng.uniform(0.5, 1.0) * c.stall_ms / 1000
-            gap *= slow
+            gap *= slow * math.prod(f for a, b, f in c.host_swings if a <= t < b)
             work = c.step_base_s + c.per_seq_s * decode + c.per_prefill_token_s * prefill
             work *= WEIGHT_SPEED[c.weight_dtype] * c.clock_factor * rng.lognormal(0, c.jitter)
             cpu = work * c.cpu_share

@@ -19,6 +19,7 @@ HOUR = 3600.0
 # 24 tenants' system prompts (512 tokens, 32 blocks each); a replica's prefix cache holds 8 of them
 TENANTS = tuple(range(24))
 SHARED = {"shared_fraction": 0.5, "prefix_cache_blocks": 8 * 32}
+SWINGS = ((10.0, 30.0, 30.0), (45.0, 60.0, 40.0), (75.0, 95.0, 30.0), (105.0, 115.0, 20.0))
 
 
 def _fleet(t0: float, faults: dict[str, dict], **per: dict) -> list[SimConfig]:
@@ -43,6 +44,15 @@ CASES = {
             "r1": {"clock_factor": 0.6, "rate_rps": 3.75},
             "r2": {"clock_factor": 0.6, "rate_rps": 3.75},
         },
+    ),
+    # The host was busy in the first half (every replica's loop waited for a core between steps, together,
+    # in four bursts), calm in the second, when r0 was held to a share of the CPU and routing sent it less:
+    # against its own swinging baseline r0's latency shows no significant rise, against its peers' in the
+    # same moments it does.
+    "diluted_on_a_swinging_host": _fleet(
+        7 * HOUR,
+        {"r0": {"cpu_wait_factor": 1.8, "rate_rps": 2.0}, "r1": {"rate_rps": 3.5}, "r2": {"rate_rps": 3.5}},
+        **{n: {"host_swings": SWINGS} for n in IDS},
     ),
     "lost": _fleet(3 * HOUR, {"r0": {"rate_rps": 4.5}, "r1": {"rate_rps": 4.5}}, r2={"duration_s": 120.0}),
     # Routed by prefix, each replica receives 8 tenants, whose prefixes its cache holds; then routing stops
@@ -109,6 +119,18 @@ def test_one_replica_regressing_inside_a_steady_fleet_average_is_found_on_it(sou
     assert top["scope"]["kind"] == "instances"
     peers = {e["metric"]: e["current"] for e in top["evidence"]}["step_time_vs_peers_at_equal_batch"]
     assert peers > 2
+
+
+def test_one_replica_regressing_on_a_host_whose_load_swung_is_found_against_its_peers(source):
+    t0 = CASES["diluted_on_a_swinging_host"][0].t0
+    d = diagnose(source, TimeRange(t0, t0 + 240.0)).to_json()  # no baseline: change points, as a user runs it
+    assert "r0 against its peers in the same time blocks" in d["notes"][0]
+    peers = {r["metric"]: r for r in d["regressions"] if r["against"] == "peers"}
+    assert peers["tpot_p50"]["ratio"] > 1.5  # r0's TPOT over its peers', current against baseline
+    top = d["findings"][0]
+    assert top["cause"] == "compute_slowdown" and top["scope"] == {
+        "kind": "instances", "instances": ["r0"], "share_of_regression": 1.0,
+    }  # fmt: skip
 
 
 def test_a_replica_that_stopped_serving_is_lost_capacity_on_it(source):
