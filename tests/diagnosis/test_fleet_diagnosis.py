@@ -69,6 +69,14 @@ CASES = {
         **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS[:2])},
         r2=SHARED | {"shared_fraction": 0.05, "tenants": TENANTS},
     ),
+    # The same, r2 having reused nothing before (the overflow of prompts whose prefixes it never held):
+    # scattered, the shared prompts bring its cache some reuse.
+    "scattered_onto_an_empty_cache": _fleet(
+        8 * HOUR,
+        {n: {"tenants": TENANTS, "prefix_change_fraction": 0.0} for n in IDS},
+        **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS[:2])},
+        r2=SHARED | {"tenants": TENANTS, "prefix_change_fraction": 1.0},
+    ),
 }
 
 
@@ -157,8 +165,9 @@ def test_shared_prompts_scattered_over_every_replica_is_cache_affinity_lost_flee
     assert d["decomposition"]["ttft"]["mean"]["share"]["prefill"] > 0.8  # the misses' prefill is the rise
 
 
-def test_scattered_prompts_with_one_replica_that_held_little_reuse_is_still_cache_affinity_lost(source):
-    d = _diagnose(source, "scattered_overflow")
+@pytest.mark.parametrize("case", ["scattered_overflow", "scattered_onto_an_empty_cache"])
+def test_scattered_prompts_with_one_replica_that_held_little_reuse_is_still_cache_affinity_lost(source, case):
+    d = _diagnose(source, case)
     top = d["findings"][0]
     assert top["cause"] == "cache_affinity_lost" and {"r0", "r1"} <= set(top["scope"]["instances"])
     ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
