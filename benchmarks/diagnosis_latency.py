@@ -5,7 +5,7 @@ are synthesized by ClickHouse itself (INSERT ... SELECT FROM numbers(), straight
 diagnosed without a baseline (change point, every query, every rule). Target: `seconds` <= 5.
 
     .venv/bin/python benchmarks/diagnosis_latency.py [--requests N] [--steps N] [--instances 16] [--runs 3]
-                                                     [--dir DIR]
+                                                     [--compare-instances 256] [--dir DIR]
 
 `--dir DIR` keeps the store (and reuses it when it already holds rows: no second insert). Prints a one-line
 summary, then JSON as the last line: requests, step_rows, seconds (the diagnosis's wall time, best of
@@ -14,7 +14,10 @@ does not depend on what else the machine runs), the per-run lists, `phases` (wal
 of the run with the least CPU, by its name in diagnosis/queries.py, plus `python`: everything between the
 queries), load_avg_1m (the machine's load when the runs ended), steps_parts, insert_seconds (the insert and
 its merges are waited for before the runs: they run in this process), top_cause, fleet_seconds (the
-instance comparison's queries: at 256 instances against 16, what localization costs as a fleet grows).
+instance comparison's queries). `--compare-instances N` diagnoses the same hour spread over N instances in
+a fresh store as well: its figures go under `compared`, and `fleet_ratio` (target <= 2) is its wall
+seconds over the first's, `fleet_cpu_ratio` the same in CPU seconds (what localization costs as a fleet
+grows: 256 instances against 16).
 The same goes to `benchmarks/results/<date>-<commit>-diagnosis_latency.json` with the CPU model, core count,
 load average before and after, and the arguments (stepscope/results.py).
 """
@@ -122,28 +125,23 @@ def run_once(store: Store) -> tuple[float, float, dict[str, list[float]], Any]:
     return seconds, cpu_seconds, {k: [round(w, 3), round(c, 3)] for k, (w, c) in phases.items()}, result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=1_000_000)
-    parser.add_argument("--steps", type=int, default=10_000_000)
-    parser.add_argument("--instances", type=int, default=16, help="the rows spread over this many instances")
-    parser.add_argument("--runs", type=int, default=3, help="diagnoses of the same store; best is reported")
-    parser.add_argument("--dir", help="chDB directory, kept (default: a temporary one, removed after)")
-    args = parser.parse_args()
-    load_before = os.getloadavg()
-    path = args.dir or tempfile.mkdtemp(prefix="stepscope-diag-bench-")
+def measure(instances: int, args: argparse.Namespace, path: str | None) -> tuple[dict[str, Any], Any]:
+    """Fill a store (or reuse `path`'s rows) with the hour spread over `instances`, diagnose it `--runs`
+    times; (figures, the least-CPU run's result)."""
+    path = path or tempfile.mkdtemp(prefix="stepscope-diag-bench-")
     insert_s = 0.0
     try:
         with Store.open(f"chdb://{path}") as store:
             if not store.query("SELECT count() FROM requests").rows[0][0]:
                 start = time.perf_counter()
-                store.command(REQUESTS, {"n": args.requests, "instances": args.instances})
-                store.command(STEPS, {"n": args.steps, "instances": args.instances})
+                store.command(REQUESTS, {"n": args.requests, "instances": instances})
+                store.command(STEPS, {"n": args.steps, "instances": instances})
                 insert_s = time.perf_counter() - start
             settle(store)
             counts = store.query(
                 "SELECT (SELECT count() FROM requests), (SELECT count() FROM steps),"
-                " (SELECT count() FROM system.parts WHERE active AND table = 'steps')"
+                " (SELECT count() FROM system.parts WHERE active AND table = 'steps'),"
+                " (SELECT uniqExact(instance) FROM requests)"
             ).rows[0]
             runs = [run_once(store) for _ in range(max(1, args.runs))]
     finally:
@@ -151,9 +149,8 @@ def main() -> None:
             shutil.rmtree(path, ignore_errors=True)
     seconds = min(r[0] for r in runs)
     _, cpu_seconds, phases, result = min(runs, key=lambda r: r[1])
-    top = result.findings[0].cause if result.findings else None
     out = {
-        "instances": args.instances,
+        "instances": int(counts[3]),
         "requests": int(counts[0]),
         "step_rows": int(counts[1]),
         "seconds": round(seconds, 3),
@@ -166,13 +163,44 @@ def main() -> None:
         "load_avg_1m": round(os.getloadavg()[0], 1),
         "steps_parts": int(counts[2]),
         "insert_seconds": round(insert_s, 1),
-        "top_cause": top,
+        "top_cause": result.findings[0].cause if result.findings else None,
         "regressions": [r.metric for r in result.regressions],
     }
-    print(
-        f"diagnosed {out['requests']:,} requests, {out['step_rows']:,} steps: {seconds:.2f} s wall, "
-        f"{cpu_seconds:.2f} CPU-s (best of {len(runs)}, load {out['load_avg_1m']}) ({top})"
+    return out, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=10_000_000)
+    parser.add_argument("--instances", type=int, default=16, help="the rows spread over this many instances")
+    parser.add_argument(
+        "--compare-instances", type=int, metavar="N",
+        help="also diagnose the same hour spread over N instances (a fresh store): `fleet_ratio`",
+    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3, help="diagnoses of the same store; best is reported")
+    parser.add_argument("--dir", help="chDB directory, kept (default: a temporary one, removed after)")
+    args = parser.parse_args()
+    if args.dir and args.compare_instances:
+        parser.error("--dir holds one store: give it or --compare-instances, not both")
+    load_before = os.getloadavg()
+    out, _ = measure(args.instances, args, args.dir)
+    summary = (
+        f"diagnosed {out['requests']:,} requests, {out['step_rows']:,} steps over {out['instances']} "
+        f"instances: {out['seconds']:.2f} s wall, {out['cpu_seconds']:.2f} CPU-s "
+        f"(best of {len(out['seconds_runs'])}, load {out['load_avg_1m']}) ({out['top_cause']})"
     )
+    if args.compare_instances:
+        other, _ = measure(args.compare_instances, args, None)
+        out["compared"] = other
+        out["fleet_ratio"] = round(other["seconds"] / out["seconds"], 3)  # target: <= 2
+        out["fleet_cpu_ratio"] = round(other["cpu_seconds"] / out["cpu_seconds"], 3)
+        summary += (
+            f"; over {other['instances']} instances {other['seconds']:.2f} s wall, "
+            f"{other['cpu_seconds']:.2f} CPU-s: x{out['fleet_ratio']:.2f} wall, "
+            f"x{out['fleet_cpu_ratio']:.2f} CPU ({other['top_cause']})"
+        )
+    print(summary)
     print(f"wrote {results.write('diagnosis_latency', out, vars(args), load_before)}", file=sys.stderr)
     print(json.dumps(out))
 
