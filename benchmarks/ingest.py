@@ -16,9 +16,9 @@ value, as clickhouse-connect takes them), inserted with clickhouse-connect's col
 and materialized views (`Store.open` applies the same migrations), in blocks of `GROUP_MIN_ROWS` (20,000)
 rows, the size the collector waits for before it inserts (under load its groups are larger, up to
 `GROUP_MAX_ROWS`, which favours the baseline). It is timed like the collector leg: after a warm-up insert
-that is not counted, until `count()` shows every row. `ratio` = spans_per_s / raw_rows_per_s: what the
-collector keeps of a plain insert into the same tables, while it also parses OTLP, converts values to the
-exporter's encodings and fsyncs every batch before it answers.
+of a full group (`WARM_REQUESTS`) that is not counted, until `count()` shows every row. `ratio` =
+spans_per_s / raw_rows_per_s: what the collector keeps of a plain insert into the same tables, while it
+also parses OTLP, converts values to the exporter's encodings and fsyncs every batch before it answers.
 
 `raw_arrow_rows_per_s` is the same with the rows as one Arrow table (built beforehand, sliced into the same
 blocks): ClickHouse parses Arrow natively, with no per-value Python work, so this is the store's own
