@@ -38,12 +38,11 @@ CAPACITY_ENV = "STEPSCOPE_CAPACITY_RPS"
 
 
 def cache_key(cfg: ScenarioConfig) -> str:
-    """What the capacity depends on: host, model and engine options, workload version."""
+    """What the capacity depends on: host, model and engine options, workload, the probe's method and what
+    the run traces."""
     workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
-    return json.dumps(
-        [socket.gethostname(), os.cpu_count(), cfg.engine_args(), WORKLOAD_VERSION, workload, PROBE_VERSION]
-        + [cfg.step_spans, cfg.scrape]
-    )
+    host, engine = [socket.gethostname(), os.cpu_count()], cfg.engine_args()
+    return json.dumps([*host, engine, WORKLOAD_VERSION, workload, PROBE_VERSION, cfg.step_spans, cfg.scrape])
 
 
 def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
