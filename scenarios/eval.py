@@ -121,12 +121,12 @@ def run(args: argparse.Namespace) -> int:
     if args.rediagnose:
         return rediagnose(Path(args.rediagnose), args)
     from scenarios.config import ScenarioConfig
-    from scenarios.protocol import grid
+    from scenarios.protocol import PROTOCOL_VERSION, grid
 
     faults, splits = select(args)
     duration = _duration(args.duration)
     out = Path(args.out or f"/tmp/stepscope-eval-{args.grid}").resolve()
-    protocol = {"grid": args.grid, "duration_s": duration, "model": args.model}
+    protocol = {"grid": args.grid, "duration_s": duration, "model": args.model, "protocol": PROTOCOL_VERSION}
     evaldir.claim(out, protocol, args.resume)
     cases = grid(faults, args.grid, splits)
     if args.without_rule:
@@ -284,7 +284,7 @@ def case_config(case: Case, base: Any, out: Path) -> Any:
     from scenarios.protocol import DEFAULT_WORKLOAD, FLEET, is_fleet
 
     changes: dict[str, Any] = {
-        "out": out, "fault": case.fault, "value": case.value, "seed": case.seed,
+        "out": out, "fault": case.fault, "value": case.value, "seed": case.run_seed,
         "onset_fraction": case.onset_fraction,
         "workload_of": None if case.fault or case.workload == DEFAULT_WORKLOAD else case.workload,
     }  # fmt: skip

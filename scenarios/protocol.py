@@ -16,6 +16,12 @@
 thresholds may be tuned on them. Seeds from it up are `holdout`: for reporting only, never looked at
 while tuning. Every draw comes from `random.Random("<fault>/<workload>/<k>/<seed>")`, so a case is
 reproducible from its seed, and a holdout case's magnitude, onset and load are as unseen as its seed.
+
+**Traffic**: each drawn case also draws its own traffic seed (the run's workload and arrival times). With
+the split's seed as every case's traffic seed, all the cases of a split replayed one arrival sequence:
+one Poisson burst in its baseline then stood in every case's baseline, and the split's figure measured
+that sequence as much as the diagnosis. `PROTOCOL_VERSION` names this rule in an eval's directory, so a
+sitting never resumes an eval drawn under another.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from scenarios.faults import FAULTS, open_loop, value_range
 GRIDS = ("quick", "full")
 SPLITS = ("dev", "holdout")
 HOLDOUT_FROM_SEED = 1000
+PROTOCOL_VERSION = 2  # 2: a traffic seed drawn per case (1: the split's seed for every case)
 FAULT_SEEDS = {"dev": 1, "holdout": 1001}
 HEALTHY_SEEDS = {"dev": 100, "holdout": 1100}
 MAGNITUDES = 2  # per fault and seed in the full grid
@@ -84,6 +91,12 @@ class Case:
     workload: str = DEFAULT_WORKLOAD  # the fault whose workload the run has, or `default`
     drawn: bool = True  # False: the quick grid's fixed point
     without_rule: str | None = None  # the cause whose rule is switched off: the case must be unexplained
+    traffic_seed: int | None = None  # the run's workload and arrival seed; None: `seed`
+
+    @property
+    def run_seed(self) -> int:
+        """The seed the scenario runs with (its prompts, lengths and arrival times)."""
+        return self.seed if self.traffic_seed is None else self.traffic_seed
 
     @property
     def name(self) -> str:
@@ -117,7 +130,8 @@ class Case:
 def draw(fault: str | None, index: int, seed: int, workload: str = DEFAULT_WORKLOAD) -> Case:
     """The full grid's case `index` of `fault` (None: healthy under `workload`) at `seed`."""
     rng = random.Random(f"{fault or 'healthy'}/{workload}/{index}/{seed}")
-    u_value, u_onset, u_load = rng.random(), rng.random(), rng.random()  # always three, in this order
+    u_value, u_onset, u_load = rng.random(), rng.random(), rng.random()  # always these, in this order
+    traffic_seed = rng.randrange(1, 2**31)
     value = None
     span = value_range(FAULTS[fault]) if fault else None
     if span is not None:
@@ -135,6 +149,7 @@ def draw(fault: str | None, index: int, seed: int, workload: str = DEFAULT_WORKL
         onset_fraction=round(_between(ONSET_RANGE, u_onset), 3),
         load_fraction=round(_between(LOAD_RANGE, u_load), 3) if is_open else None,
         workload=fault or workload,
+        traffic_seed=traffic_seed,
     )
 
 

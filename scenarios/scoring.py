@@ -25,6 +25,7 @@ def score(case: Case, truth: dict[str, Any] | None, diagnoses: dict[str, Any]) -
     row: dict[str, Any] = {
         "case": case.name, "fault": case.fault, "workload": case.workload, "magnitude": case.value,
         "magnitude_index": case.index, "seed": case.seed, "split": case.split,
+        "traffic_seed": case.run_seed,
         "onset_fraction": case.onset_fraction, "onset": truth.get("onset"),
         "load_fraction": case.load_fraction, "expected": case.expected, "without_rule": case.without_rule,
         "duration_s": truth.get("duration_s"), "requests_stored": truth.get("requests_stored"),

@@ -1,7 +1,7 @@
 """Fixtures: a store filled by a short real scenario (engine + collector + load generator, with a prefix-cache
 fault at its midpoint), a collector serving it, an empty collector, and a URL where nothing answers.
 
-The scenario runs once per session (about 30 s of traffic at a fixed rate, so no calibration run).
+The scenario runs once per session (60 s of traffic at a fixed rate, so no calibration run).
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ def _store_dir(run: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real scenario: `stepscope scenario run --fault prefix_cache_miss` on the tiny model, 40 s of load
-    (20 s a side: with 15 the diagnosis's autocorrelation-aware test had three 5 s blocks a side, and one
-    run of several found TTFT P50 x5.8 at p = 1.5e-4, next to the 0.001 bar)."""
+    """A real scenario: `stepscope scenario run --fault prefix_cache_miss=1.0` on the tiny model, 60 s of
+    load with the fault at 30 s. Every request misses from the onset, and each side holds six 5 s blocks
+    for the diagnosis's autocorrelation-aware test. Its TTFT P50 p-value ranged over 5e-10..1e-5 in five
+    runs here with 20 s a side (one CI run found nothing), over 1e-12..2e-8 in three with 30 s."""
     run = tmp_path_factory.mktemp("scenario")
-    cmd = ["stepscope", "scenario", "run", "--fault", "prefix_cache_miss", "--onset", "20",
-           "--duration", "40", "--rate", "6", "--model", "tiny", "--out", str(run)]  # fmt: skip
+    cmd = ["stepscope", "scenario", "run", "--fault", "prefix_cache_miss=1.0", "--onset", "30",
+           "--duration", "60", "--rate", "6", "--model", "tiny", "--out", str(run)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, f"scenario failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     return run

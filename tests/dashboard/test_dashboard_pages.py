@@ -71,7 +71,8 @@ def test_findings_render_the_diagnosis_of_the_scenario(monkeypatch: pytest.Monke
     headers = [str(h.value) for h in at.subheader]
     findings = [h for h in headers if h[:1].isdigit()]
     causes = [h.split(". ", 1)[1].split(" (", 1)[0] for h in findings]
-    assert causes and causes[0] == "prefix_cache_miss", headers  # the scenario's injected fault
+    said = (headers, texts(at, "info"), texts(at, "success"))
+    assert causes and causes[0] == "prefix_cache_miss", said  # the scenario's injected fault
     assert set(causes) <= set(diagnosis.CAUSES), causes
     assert len(at.code) == len(findings), "each finding carries its SQL"
     assert "Regressions" in headers, headers

@@ -37,6 +37,17 @@ def test_the_full_grids_draws_are_reproducible_from_each_cases_seed():
     assert draw("overload", 1, 1001, "overload") != draw("overload", 1, 1, "overload")
 
 
+def test_every_drawn_case_runs_its_own_traffic_so_one_burst_cannot_sink_a_split():
+    cases = grid(list(FAULTS), "full")
+    seeds = [c.run_seed for c in cases]
+    assert len(set(seeds)) == len(cases), "each case draws its own prompts and arrival times"
+    base = ScenarioConfig(out=Path("/x"))
+    for c in cases[:3]:
+        assert ev.case_config(c, base, Path("/x")).seed == c.traffic_seed != c.seed
+    # the draws before it are unchanged by it, and a stored case from before it runs its split's seed
+    assert Case("overload", 1).run_seed == 1
+
+
 def test_full_grid_every_fault_at_two_magnitudes_from_its_range_times_a_dev_and_a_holdout_seed():
     cases = grid(list(FAULTS), "full")
     for name, fault in FAULTS.items():
