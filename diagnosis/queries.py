@@ -261,6 +261,7 @@ SELECT {_SIDE},
        avg(input_tokens) AS input_mean,
        {QUANTILE}(0.5)(input_tokens) AS input_p50,
        {QUANTILE}(0.9)(input_tokens) AS input_p90,
+       {QUANTILE}(0.99)(input_tokens) AS input_p99,
        avg(input_tokens - cached_tokens) AS uncached_mean,
        avg(output_tokens) AS output_mean,
        sum(output_tokens * sample_weight) AS output_tokens_sum,
@@ -467,6 +468,7 @@ _EVIDENCE_COLUMNS: dict[str, tuple[str, str]] = {
     "long_prompts": (
         "requests",
         f"count() AS requests, avg(input_tokens) AS input_mean, {QUANTILE}(0.9)(input_tokens) AS input_p90, "
+        f"{QUANTILE}(0.99)(input_tokens) AS input_p99, "
         "avg(prefill_s) AS prefill_mean, avg(queue_s) AS queue_mean",
     ),
     "queueing_overload": (

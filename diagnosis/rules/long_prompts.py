@@ -1,8 +1,10 @@
 """long_prompts: the prompts got longer; prefill takes longer and the queue grows behind it.
 
-Evidence: the prompt-length distribution shifted (mean and P90 up), and prefill plus queue time explain
-most of the TTFT change. Look-alikes: prefill_interference (prompt lengths unchanged, chunking off) and
-prefix_cache_miss (lengths unchanged, cached share down).
+Evidence: the prompt-length distribution shifted (mean and P90 up), or its long tail did (mean up by a
+quarter, P99 by half: documents or retrieved context grew while the short turns of a shared-prefix chat,
+often most of the requests, stayed), and prefill plus queue time explain most of the TTFT change.
+Look-alikes: prefill_interference (prompt lengths unchanged, chunking off) and prefix_cache_miss (lengths
+unchanged, cached share down).
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | None:
-    """Mean prompt length up by `long_prompt_ratio` and P90 by `steady_prompt_ratio`; share from
-    prefill + queue (TTFT) or prefill riding in decode steps (TPOT)."""
+    """Mean prompt length up by `long_prompt_ratio` and P90 by `steady_prompt_ratio`, or the mean by
+    `steady_prompt_ratio` and P99 by `long_prompt_tail_ratio`; share from prefill + queue (TTFT) or
+    prefill riding in decode steps (TPOT)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "tpot", "itl_max", "goodput", "throughput")
     mean_ratio = facts.req_ratio("input_mean", 0.0)
     # The upper tail, not the median: a mixed workload (chat + shared-prefix) has a bimodal length
     # distribution whose median jumps between modes in healthy runs.
     p90_ratio = facts.req_ratio("input_p90", 0.0)
-    if not symptoms or not (mean_ratio >= cfg.long_prompt_ratio and p90_ratio >= cfg.steady_prompt_ratio):
+    p99_ratio = facts.req_ratio("input_p99", 0.0)
+    body = mean_ratio >= cfg.long_prompt_ratio and p90_ratio >= cfg.steady_prompt_ratio
+    tail = mean_ratio >= cfg.steady_prompt_ratio and p99_ratio >= cfg.long_prompt_tail_ratio
+    if not symptoms or not (body or tail):
         return None
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
     if facts.regressed("throughput", "goodput") and not share >= cfg.min_share_explained:
@@ -37,15 +43,22 @@ def evaluate(facts: Facts) -> Finding | None:
         CAUSE,
         symptoms=symptoms,
         share=share,
-        strength_=strength(mean_ratio, cfg.long_prompt_ratio),
+        strength_=max(
+            strength(mean_ratio, cfg.long_prompt_ratio) if body else 0.0,
+            strength(p99_ratio, cfg.long_prompt_tail_ratio) if tail else 0.0,
+        ),
         onset_series="input_mean",
         evidence=[
             Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
             Evidence("input_tokens_p50", *facts.req_pair("input_p50")),
             Evidence("input_tokens_p90", *facts.req_pair("input_p90")),
+            Evidence("input_tokens_p99", *facts.req_pair("input_p99")),
             Evidence("prefill_s_mean", *facts.req_pair("prefill_mean")),
             Evidence("queue_s_mean", *facts.req_pair("queue_mean")),
         ],
         lever=LEVER,
-        summary=f"prompts x{mean_ratio:.2f} longer (mean); prefill + queue explain {share:.0%}",
+        summary=(
+            f"prompts x{mean_ratio:.2f} longer (mean), the longest x{p99_ratio:.2f} (P99); "
+            f"prefill + queue explain {share:.0%}"
+        ),
     )
