@@ -20,6 +20,10 @@ _CURRENT = _IN % ("c0", "c1")
 _BASELINE = _IN % ("b0", "b1")
 _SIDES_WHERE = f"({_BASELINE} OR {_CURRENT})"
 _SIDE = f"toUInt8({_CURRENT}) AS side"
+# A baseline request's latency counts only when the request ran wholly inside the baseline: one in flight
+# when the current window began was hit by whatever changed there (the long prefill that stalled it, the
+# backlog it joined), and a few such requests set a baseline P99 of ~100 requests by themselves.
+_SETTLED = f"(end_time < fromUnixTimestamp64Nano({{b1:Int64}}) OR {_CURRENT})"
 _SPAN = _IN % ("t0", "t1")
 _BUCKET = "intDiv(toUnixTimestamp64Milli(time) - {t0_ms:Int64}, {iv_ms:Int64}) AS bucket"
 
@@ -242,13 +246,13 @@ SELECT {_SIDE},
        count(prefill_s) AS with_prefill,
        count(rpc_delay_s) AS with_rpc,
        countIf(kv_transfer_s > 0) AS with_kv_transfer,
-       {QUANTILE}(0.5)(ttft_s) AS ttft_p50,
-       {QUANTILE}(0.99)(ttft_s) AS ttft_p99,
-       {QUANTILE}(0.5)(tpot_s) AS tpot_p50,
-       {QUANTILE}(0.99)(tpot_s) AS tpot_p99,
-       {QUANTILE}(0.5)(e2e_s) AS e2e_p50,
-       {QUANTILE}(0.99)(e2e_s) AS e2e_p99,
-       {QUANTILE}(0.99)(tpot_max_s) AS itl_max_p99,
+       {QUANTILE_IF}(0.5)(ttft_s, {_SETTLED}) AS ttft_p50,
+       {QUANTILE_IF}(0.99)(ttft_s, {_SETTLED}) AS ttft_p99,
+       {QUANTILE_IF}(0.5)(tpot_s, {_SETTLED}) AS tpot_p50,
+       {QUANTILE_IF}(0.99)(tpot_s, {_SETTLED}) AS tpot_p99,
+       {QUANTILE_IF}(0.5)(e2e_s, {_SETTLED}) AS e2e_p50,
+       {QUANTILE_IF}(0.99)(e2e_s, {_SETTLED}) AS e2e_p99,
+       {QUANTILE_IF}(0.99)(tpot_max_s, {_SETTLED}) AS itl_max_p99,
        avg(ttft_s) AS ttft_mean,
        avg(tpot_s) AS tpot_mean,
        avg(e2e_s) AS e2e_mean,
@@ -285,7 +289,7 @@ REQUEST_SAMPLE = f"""
 SELECT {_SIDE}, ttft_s, tpot_s, e2e_s, tpot_max_s, queue_s, prefill_s, kv_transfer_s, input_tokens, is_error,
        toUnixTimestamp64Milli(time) / 1000.0 AS t
 FROM requests
-WHERE {_SIDES_WHERE}
+WHERE {_SIDES_WHERE} AND {_SETTLED}
   AND cityHash64(span_id) <= if({_CURRENT}, {{cut_c:UInt64}}, {{cut_b:UInt64}})
 ORDER BY side, cityHash64(span_id)
 LIMIT {{n:UInt32}} BY side
