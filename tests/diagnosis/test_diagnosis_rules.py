@@ -11,6 +11,7 @@ from diag_scenarios import DURATION_S, SCENARIOS, placed
 
 from collector.client import StoreReader
 from diagnosis import CAUSES, TimeRange, diagnose
+from diagnosis import facts as F
 
 FAULTS = [name for name, (_, cause) in SCENARIOS.items() if cause and not name.startswith("vllm")]
 HEALTHY = [name for name, (_, cause) in SCENARIOS.items() if cause is None]
@@ -225,3 +226,22 @@ def test_too_few_requests_a_side_is_said_not_passed_over(scenario_source: StoreR
     assert not short.regressions and "no latency percentile was tested" in " ".join(short.notes)
     full = diagnose(scenario_source, window=whole("scheduler_stall"))
     assert not any("was tested" in n or "were not tested" in n for n in full.notes)
+
+
+def test_a_request_in_flight_at_the_split_is_not_part_of_the_baselines_latency(
+    scenario_source: StoreReader,
+) -> None:
+    """The requests that started before the split and ended after it were hit by what changed there: the
+    baseline's latency quantiles and test sample leave them out, its arrivals still count them."""
+    before, after = halves("queueing_overload")
+    b, c = F.request_sides(scenario_source, before, after)
+    sample_b, _ = F.request_sample(scenario_source, before, after, b["requests"], c["requests"], 100_000)
+    params = {"b0": before.start_ns, "b1": before.end_ns}
+    started, ended = scenario_source.query(
+        "SELECT count(), countIf(end_time < fromUnixTimestamp64Nano({b1:Int64})) FROM requests "
+        "WHERE time >= fromUnixTimestamp64Nano({b0:Int64}) AND time < fromUnixTimestamp64Nano({b1:Int64})",
+        params,
+    ).rows[0]
+    assert started > ended, "the scenario has requests in flight at the split"
+    assert b["requests"] == started and len(sample_b["ttft_s"]) == ended
+    assert b["e2e_p99"] <= max(sample_b["e2e_s"]), "no request in flight at the split sets the baseline's P99"
