@@ -10,9 +10,10 @@
      `prefix_aware_cached_share`, `round_robin_cached_share`, and `tput_ratio`, prefix_aware's requests/s
      over round_robin's.
    The cached share is the sum of `usage.prompt_tokens_details.cached_tokens` over the prompt tokens.
-2. `route_p99_us_64` (and `route_p50_us_64`): one decision (the prompt's block hashes, the choice among
-   64 synthetic replicas each remembering 2,000 blocks, the bookkeeping) timed in process, over 5,000
-   decisions; on a loaded machine the P99 is the scheduler's time slices, not the decision.
+2. `route_p99_us_64` (and `route_p50_us_64`): one decision (the hashes of a 512-token prompt, the choice
+   among 64 synthetic replicas each remembering 2,000 KV blocks of other prompts, the bookkeeping) timed
+   in process, over 5,000 decisions, with the router's default `hash_blocks`; on a loaded machine the P99
+   is the scheduler's time slices, not the decision.
 3. `router_ttft_p50_overhead_ms`: `serve --replicas 1`; requests alternate between the router and the
    replica's own port (the same engine), streaming, one at a time; P50 TTFT through the router minus
    P50 direct.
@@ -82,19 +83,19 @@ async def closed_loop(url: str, texts: list[str], clients: int) -> dict[str, flo
     return {"rps": len(texts) / seconds, "cached_share": cached / total}
 
 
-def route_us(replicas: int = 64, decisions: int = 5000) -> tuple[float, float]:
+def route_us(replicas: int = 64, decisions: int = 5000, hash_blocks: int = 4) -> tuple[float, float]:
     """(P50, P99) microseconds of one prefix-aware decision among `replicas` synthetic replicas."""
     rng = random.Random(1)
-    fleet = [Replica(f"r{i}", index_blocks=4096) for i in range(replicas)]
-    router = Router(fleet, RoutingConfig())
+    fleet = [Replica(f"r{i}", index_blocks=4096 // hash_blocks) for i in range(replicas)]
+    router = Router(fleet, RoutingConfig(hash_blocks=hash_blocks))
     texts = [[rng.randrange(256) for _ in range(512)] for _ in range(200)]
-    for r in fleet:  # each remembers 2,000 blocks of other prompts
-        r.remember(block_hashes([rng.randrange(256) for _ in range(2000 * 16)], 16))
+    for r in fleet:  # each remembers 2,000 KV blocks of other prompts
+        r.remember(block_hashes([rng.randrange(256) for _ in range(2000 * 16)], 16 * hash_blocks))
     times = []
     for i in range(decisions):
         ids = texts[i % len(texts)]
         t0 = time.perf_counter_ns()
-        hashes = block_hashes(ids, 16)
+        hashes = router.hashes(ids, 16)
         d = router.choose(hashes)
         router.started(d, hashes)
         times.append(time.perf_counter_ns() - t0)

@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.faults import FaultSettings
-from engine.fleet.routing import Replica, Router, RouterFaults, block_hashes
+from engine.fleet.routing import Replica, Router, RouterFaults
 from engine.openai_protocol import APIError, GenerateRequest, parse_chat, parse_completion, sse
 from engine.tokenizer import Tokenizer
 
@@ -156,7 +156,7 @@ class FleetRouter:
             if ids is None:
                 text = self.tokenizer.apply_chat_template(gen.messages) if gen.messages else gen.prompt
                 ids = self.tokenizer.encode(text)
-            return block_hashes(ids, self.settings.block_size, gen.cache_salt)
+            return self.router.hashes(ids, self.settings.block_size, gen.cache_salt)
         except (APIError, ValueError, TypeError, AttributeError):
             return []
 

@@ -27,8 +27,8 @@ def test_block_hashes_are_shared_exactly_over_the_common_leading_full_blocks():
 
 
 def test_prefix_aware_returns_a_prefix_to_its_replica_until_the_load_bound():
-    router = _router(load_slack=2)
-    a, b = block_hashes(list(range(64)), 16), block_hashes(list(range(100, 164)), 16)
+    router = _router(load_slack=2, hash_blocks=1)
+    a, b = router.hashes(list(range(64)), 16), router.hashes(list(range(100, 164)), 16)
     first_a, first_b = _send(router, a), _send(router, b)
     assert first_a != first_b  # no match: least loaded
     assert [_send(router, a) for _ in range(2)] == [first_a] * 2
@@ -59,3 +59,16 @@ def test_no_healthy_replica_means_no_decision():
     for r in router.replicas:
         r.healthy = False
     assert router.choose([]) is None
+
+
+def test_the_router_hashes_runs_of_kv_blocks_and_reports_matches_in_kv_blocks():
+    router = _router(hash_blocks=4, max_hashes=3)
+    ids = list(range(1000))
+    hashes = router.hashes(ids, 16)
+    assert hashes == block_hashes(ids[: 3 * 64], 64)  # 64-token runs, the first 3 only
+    assert router.hashes(ids[:63], 16) == []  # under one run: nothing to match, least_loaded decides
+    first = _send(router, hashes)
+    other = router.hashes(ids[:128] + [7] * 100, 16)  # the same first two runs, then a different third
+    d = router.choose(other)
+    assert d.replica.instance == first
+    assert dict((i, m) for i, _, m in d.candidates)[first] == 8 and d.prefix_blocks == 12  # in KV blocks
