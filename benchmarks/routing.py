@@ -105,13 +105,19 @@ def route_us(replicas: int = 64, decisions: int = 5000, hash_blocks: int = 4) ->
 
 
 async def ttft_ms(http: httpx.AsyncClient, url: str, text: str) -> float:
+    """Time to the first streamed token; the answer is read to its end, as a client does (one that hangs
+    up after its first token makes the router close its connection to the replica, and the next request
+    opens a new one)."""
     body = {"prompt": text, "max_tokens": 2, "stream": True, "ignore_eos": True}
+    ttft = None
     t0 = time.perf_counter()
     async with http.stream("POST", url + "/v1/completions", json=body) as r:
         async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                return (time.perf_counter() - t0) * 1e3
-    raise RuntimeError("no token")
+            if ttft is None and line.startswith("data: {"):
+                ttft = (time.perf_counter() - t0) * 1e3
+    if ttft is None:
+        raise RuntimeError("no token")
+    return ttft
 
 
 async def router_overhead(router_url: str, replica_url: str, n: int) -> float:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -61,7 +62,8 @@ class FleetRouter:
     ) -> None:
         self.router, self.tokenizer, self.settings, self.tracer = router, tokenizer, settings, tracer
         self.retries = self.failures = 0
-        self.http: httpx.AsyncClient | None = None
+        self.http: httpx.AsyncClient | None = None  # health checks and admin fan-out
+        self.upstream: aiohttp.ClientSession | None = None  # the generation requests
         self._health: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -71,6 +73,15 @@ class FleetRouter:
         nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
         transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), transport=transport)
+        # The proxied requests go through aiohttp (its parser is compiled; it sets TCP_NODELAY itself):
+        # httpx, httpcore, anyio and h11 cost ~1,000 Python calls and ~3 ms of CPU a request here, most of
+        # the router's 5 ms. Bodies pass through as bytes, compressed or not.
+        self.upstream = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
         self._health = asyncio.ensure_future(self._health_loop())
 
     async def close(self) -> None:
@@ -78,6 +89,8 @@ class FleetRouter:
             self._health.cancel()
         if self.http is not None:
             await self.http.aclose()
+        if self.upstream is not None:
+            await self.upstream.close()
 
     # -- generation ------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -106,10 +119,9 @@ class FleetRouter:
                 self.tracer.chosen(span, decision, len(tried) + 1)
             self.router.started(decision, hashes)
             try:
-                req = self.http.build_request("POST", replica.url + path, content=body, headers=headers)
-                resp = await self.http.send(req, stream=True)
+                resp = await self.upstream.post(replica.url + path, data=body, headers=headers)
                 break
-            except httpx.TransportError as e:
+            except (aiohttp.ClientError, TimeoutError) as e:
                 self.router.finished(replica)
                 self._down(replica, f"unreachable: {e!r}")
                 tried.add(replica.instance)
@@ -120,25 +132,25 @@ class FleetRouter:
         stream = resp.headers.get("content-type", "").startswith("text/event-stream")
         return StreamingResponse(
             self._relay(resp, replica, span, stream),
-            status_code=resp.status_code,
+            status_code=resp.status,
             media_type=resp.headers.get("content-type"),
         )
 
     async def _relay(
-        self, resp: httpx.Response, replica: Replica, span: object, stream: bool
+        self, resp: aiohttp.ClientResponse, replica: Replica, span: object, stream: bool
     ) -> AsyncIterator[bytes]:
-        error = f"HTTP {resp.status_code}" if resp.status_code >= 500 else None
+        error = f"HTTP {resp.status}" if resp.status >= 500 else None
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.content.iter_any():
                 yield chunk
-        except httpx.TransportError as e:
+        except aiohttp.ClientError as e:
             error = f"the replica {replica.instance} failed mid-response: {e!r}"
             self.failures += 1
             self._down(replica, error)
             if stream:
                 yield sse(APIError(502, error, type="server_error").body())
         finally:
-            await resp.aclose()
+            resp.release()  # back to the pool when read to the end; closed (the replica aborts) when not
             self.router.finished(replica)
             if span is not None:
                 self.tracer.end(span, error)
