@@ -78,7 +78,12 @@ def _scope_ok(case: Case, top: dict[str, Any] | None) -> bool:
 
 def summarize(rows: list[dict[str, Any]], grid: str, **extra: Any) -> dict[str, Any]:
     """The summary of `rows`: the headline keys (holdout, no baseline) first, then per split and mode,
-    healthy false positives per workload, the confusion matrix; `extra` (wall time, flags) is added."""
+    healthy false positives per workload, the confusion matrix; `extra` (wall time, flags) is added.
+    With `without_rule` in `extra` the cases are that cause's, its rule off, and the headline is the share
+    that came out `unexplained` (`unexplained_dev`, `unexplained_holdout`) and what the others were named
+    (`named_instead`): it is no scoreboard, so it has no top-1 or false-positive keys."""
+    if extra.get("without_rule"):
+        return _without_rule_summary(rows, grid, extra)
     head = _figures(rows, HEADLINE_MODE)
     healthy = [r for r in rows if r["fault"] is None and "error" not in r]
     by_workload: dict[str, dict[str, Any]] = {}
@@ -111,6 +116,27 @@ def summarize(rows: list[dict[str, Any]], grid: str, **extra: Any) -> dict[str, 
         "confusion_by_split": {
             s: confusion([r for r in rows if r["split"] == s], HEADLINE_MODE) for s in SPLITS
         },
+    }
+
+
+def _without_rule_summary(rows: list[dict[str, Any]], grid: str, extra: dict[str, Any]) -> dict[str, Any]:
+    head = _figures(rows, HEADLINE_MODE)
+    return {
+        "grid": grid,
+        "mode": HEADLINE_MODE,
+        "without_rule": extra["without_rule"],
+        "unexplained_dev": head["dev"]["top1"],  # the expected cause of these cases is `unexplained`
+        "unexplained_holdout": head["holdout"]["top1"],
+        "named_instead": {
+            r["case"]: r[HEADLINE_MODE]["predicted"] for r in rows if not r[HEADLINE_MODE]["correct"]
+        },
+        "cases": len(rows),
+        "fault_cases": sum(r["fault"] is not None for r in rows),
+        "failed_runs": sum("error" in r for r in rows),
+        **extra,
+        "by_split": head,
+        "baseline_mode": _figures(rows, "baseline"),
+        "confusion": confusion(rows, HEADLINE_MODE),
     }
 
 
@@ -167,6 +193,8 @@ def _share(n: int, total: int) -> float | None:
 def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The summary and the rows as a Markdown page."""
     s = summary
+    if s.get("without_rule"):
+        return _without_rule_markdown(s, rows)
     lines = [
         f"# stepscope eval: {s['grid']} grid",
         "",
@@ -227,6 +255,25 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{_cell(r['load_fraction'])} | {r['expected'] or '-'} | {top3} | {_cell(r['onset_error_s'])} | "
             f"{', '.join(r['symptoms_regressed']) or '-'} | {_cell(r.get('run_s'))} | {_cell(load)} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _without_rule_markdown(s: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# stepscope eval: {s['grid']} grid, the cases of `{s['without_rule']}` with its rule off",
+        "",
+        f"Each should come out `unexplained`, not another cause. {s['fault_cases']} cases"
+        + (", re-diagnosed from stored runs" if s.get("rediagnosed") else "")
+        + f": `unexplained` in {_cell(s['unexplained_dev'])} of dev, {_cell(s['unexplained_holdout'])} of "
+        "holdout.",
+        "",
+        "| case | split | top finding |",
+        "|---|---|---|",
+        *(
+            f"| {r['case']} | {r['split']} | {r[HEADLINE_MODE]['predicted'] or 'none'} |"
+            for r in sorted(rows, key=lambda r: r["case"])
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 

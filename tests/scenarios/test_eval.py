@@ -24,7 +24,7 @@ from scenarios.protocol import (
     resolve_only,
     split_of,
 )
-from scenarios.scoring import percentile, score, summarize
+from scenarios.scoring import markdown, percentile, score, summarize
 from stepscope import results
 from stepscope.cli import main
 
@@ -196,6 +196,23 @@ def test_the_summary_counts_a_known_set_of_rows_right():
     assert s["confusion_by_split"]["dev"]["queueing_overload"] == {"queueing_overload": 1}
     # with the baseline given, long_prompts holdout had no finding
     assert s["baseline_mode"]["holdout"]["top1"] == 0.2
+
+
+def test_a_without_rule_summary_counts_unexplained_and_is_no_scoreboard():
+    dev, hold = 1, 1001
+    off = {"without_rule": "long_prompts"}
+    rows = [
+        _row(Case("long_prompts", dev, 0, **off), "unexplained"),
+        _row(Case("long_prompts", hold, 0, **off), "unexplained"),
+        _row(Case("long_prompts", hold, 1, **off), "queueing_overload"),
+    ]
+    s = summarize(rows, "full", without_rule="long_prompts")
+    assert s["unexplained_dev"] == 1.0 and s["unexplained_holdout"] == 0.5
+    assert s["named_instead"] == {rows[2]["case"]: "queueing_overload"}
+    # the latest result with a top-1 is the scoreboard: a without-rule file must not read as one
+    assert not {"top1_holdout", "top1_dev", "healthy_false_positives"} & set(s)
+    page = markdown(s, rows)
+    assert "its rule off" in page and "queueing_overload" in page
 
 
 def test_a_row_carries_the_cases_draws_and_the_top_three_causes():
