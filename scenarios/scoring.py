@@ -125,10 +125,13 @@ def _without_rule_summary(rows: list[dict[str, Any]], grid: str, extra: dict[str
         "grid": grid,
         "mode": HEADLINE_MODE,
         "without_rule": extra["without_rule"],
-        "unexplained_dev": head["dev"]["top1"],  # the expected cause of these cases is `unexplained`
-        "unexplained_holdout": head["holdout"]["top1"],
+        # `unexplained` anywhere: where a regression sits is not the question here
+        "unexplained_dev": head["dev"]["unexplained_rate"],
+        "unexplained_holdout": head["holdout"]["unexplained_rate"],
         "named_instead": {
-            r["case"]: r[HEADLINE_MODE]["predicted"] for r in rows if not r[HEADLINE_MODE]["correct"]
+            r["case"]: r[HEADLINE_MODE]["predicted"]
+            for r in rows
+            if r[HEADLINE_MODE]["predicted"] != "unexplained"
         },
         "cases": len(rows),
         "fault_cases": sum(r["fault"] is not None for r in rows),
