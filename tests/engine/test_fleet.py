@@ -85,6 +85,41 @@ def test_admin_targets_one_instance_and_an_unknown_one_changes_nothing(fleet):
     assert [limits[i]["max_num_seqs"] for i in IDS] == [32, 4, 32]
 
 
+def test_a_client_that_hangs_up_mid_stream_frees_the_replica(fleet):
+    serve, receiver = fleet
+    replicas = httpx.get(serve.url + "/health").json()["replicas"]
+
+    def running() -> int:
+        total = 0
+        for r in replicas:
+            for line in httpx.get(r["url"] + "/metrics").text.splitlines():
+                if line.startswith("vllm:num_requests_running"):
+                    total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+    body = {"prompt": "a long answer, cut short", "max_tokens": 1900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", serve.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        wait_for(lambda: running() == 1, timeout_s=5)  # generating, the client still there
+        r.close()  # the client hangs up after its first token
+    # the router closes its connection to the replica, which aborts the request; the router's count drops
+    wait_for(lambda: running() == 0, timeout_s=10)
+    loads = {r["instance"]: r["load"] for r in httpx.get(serve.url + "/health").json()["replicas"]}
+    assert set(loads.values()) == {0}
+    # it ended as aborted, not by running to its length
+    wait_for(lambda: _long_request(receiver) is not None)
+    assert _long_request(receiver)["attrs"][A.GEN_AI_RESPONSE_FINISH_REASONS] == ("abort",)
+
+
+def _long_request(receiver: OtlpReceiver) -> dict | None:
+    """The llm_request span of the one request in this module that asked for 1,900 tokens."""
+    spans = [s for s in receiver.named(A.SPAN_REQUEST) if s["attrs"].get(A.GEN_AI_REQUEST_MAX_TOKENS) == 1900]
+    return spans[-1] if spans else None
+
+
 def test_a_killed_replica_leaves_the_others_serving(fleet):
     serve, _ = fleet
     pid = next(r["pid"] for r in httpx.get(serve.url + "/health").json()["replicas"] if r["instance"] == "r2")
