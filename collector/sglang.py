@@ -15,8 +15,9 @@ The stage slices come from the scheduler process, the root from the tokenizer: d
 different batches, and no materialized view can join them as they arrive. The assembler runs in the
 collector: every ASSEMBLE_EVERY_S it inserts, with one INSERT ... SELECT, a `requests` row for every SGLang
 request root that ended at least `grace_s` ago and has none yet, its phases summed from the slices under
-its thread spans. It passes only while spans arrive (and for `grace_s` and two passes after the last
-ones), so a collector that receives no spans runs no query:
+its thread spans. It passes only while spans named like request roots arrive (and for `grace_s` and two
+passes after the last ones), so a collector that receives none, vLLM's or stepscope's spans alone
+included, runs no query:
 
     queue_s = prefill_waiting (+ decode_waiting on a decode worker), prefill_s = prefill_forward,
     decode_s = decode_loop, kv_transfer_s = the bootstrap and transfer slices,
@@ -32,6 +33,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.store import Store
 
@@ -107,6 +111,14 @@ SETTINGS join_use_nulls = 0
 """
 
 
+def has_roots(spans: pa.Table | object) -> bool:
+    """Whether an inserted otel_traces table holds spans named like SGLang's request roots (a substring
+    test over the names, a millisecond for 50,000 spans): other groups give the assembler nothing to do."""
+    if not isinstance(spans, pa.Table):
+        return True  # rows as Python columns: assemble to be safe
+    return bool(pc.any(pc.match_substring(spans.column("SpanName"), "Req ")).as_py())
+
+
 class SglangAssembler:
     """The background task: `start(ingestor, config)` (collector.server.BackgroundTask) starts it."""
 
@@ -123,7 +135,7 @@ class SglangAssembler:
         task = cls(
             lambda: ingestor.store,  # type: ignore[attr-defined]
             float(config.assemble_grace_s),  # type: ignore[attr-defined]
-            lambda: ingestor.trace_groups,  # type: ignore[attr-defined]
+            lambda: ingestor.sglang_groups,  # type: ignore[attr-defined]
         )
         task._thread.start()
         return task

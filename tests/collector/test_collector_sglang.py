@@ -46,3 +46,12 @@ def test_sglang_request_traces_map_into_requests(start_collector) -> None:
     _, e2e, ttft, queue, prefill, decode, kv, _ = by_role["decode"]
     assert (e2e, queue, decode, kv) == pytest.approx((3.0, 0.66, 2.268, 0.068))
     assert ttft is None and prefill is None
+
+
+def test_assembler_waits_only_for_groups_with_sglang_roots() -> None:
+    import pyarrow as pa
+
+    from collector.sglang import has_roots
+
+    assert not has_roots(pa.table({"SpanName": ["llm_request", "engine.step", "Request queued"]}))
+    assert has_roots(pa.table({"SpanName": ["engine.step", "prefill Req 3f2a9c1d"]}))
