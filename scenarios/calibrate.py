@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from loadgen.runner import LoadSpec, RunOptions, run_load
+from scenarios import procs as procs_mod
 from scenarios.config import ScenarioConfig, fault_workload, workloads
 from scenarios.procs import start_collector, start_server, warm_up
 from stepscope.procs import Proc, free_port
@@ -42,7 +43,10 @@ def cache_key(cfg: ScenarioConfig) -> str:
     the run traces."""
     workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
     host, engine = [socket.gethostname(), os.cpu_count()], cfg.engine_args()
-    return json.dumps([*host, engine, WORKLOAD_VERSION, workload, PROBE_VERSION, cfg.step_spans, cfg.scrape])
+    isolated = cfg.isolate_cores and procs_mod.core_split() is not None
+    return json.dumps(
+        [*host, engine, WORKLOAD_VERSION, workload, PROBE_VERSION, cfg.step_spans, cfg.scrape, isolated]
+    )
 
 
 def capacity(cfg: ScenarioConfig, refresh: bool = False) -> float:
@@ -73,6 +77,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     procs: list[Proc] = []
     try:
         otlp, port = None, free_port()
+        procs_mod.isolate_harness(cfg.isolate_cores)  # as the run is: the collector on the harness cores
         if traced:
             collector, otlp = start_collector(
                 store, out / "calibrate-collector.log", port if cfg.scrape else None, cfg.scrape_interval_s

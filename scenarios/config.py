@@ -36,6 +36,9 @@ class ScenarioConfig:
     max_num_batched_tokens: int = 256  # chunks of at most 128 prompt tokens per step
     num_kv_blocks: int = 768  # 12k tokens: a healthy run never preempts
     num_threads: int = 1  # torch threads of the core: 2 shared cores, steadier with one
+    # The engine's core processes on cores of their own, the collector, load generator and front ends on
+    # the rest (scenarios/procs.py, `core_split`): the harness is not the engine's noisy neighbour.
+    isolate_cores: bool = True
     disagg: bool = False  # serve disaggregated (router + 1 prefill + 1 decode worker, docs/disagg.md)
     step_spans: bool = True  # False: request spans only, as vLLM and SGLang emit
     scrape: bool = False  # the collector scrapes the engine's /metrics (its vLLM names) into engine_samples

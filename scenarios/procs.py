@@ -16,17 +16,80 @@ from typing import TYPE_CHECKING
 import httpx
 
 from instrumentation.providers import DEFAULT_SERVICE_NAME
+from scenarios.fleet import tree
 from stepscope.procs import Proc, free_port
 
 if TYPE_CHECKING:
     from scenarios.config import ScenarioConfig
 
 
+# The cores this process could use when it started: split between the harness and the engine under test.
+_ALL_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def core_split() -> tuple[set[int], set[int]] | None:
+    """(harness cores, engine cores): the engine's step loops get the upper half of the cores (at least
+    one) to themselves; the collector, the load generator, the front ends and the runner share the rest.
+    None where there are fewer than two cores to split (or no affinity to set)."""
+    if len(_ALL_CORES) < 2:
+        return None
+    half = len(_ALL_CORES) // 2
+    return set(_ALL_CORES[:half]), set(_ALL_CORES[half:])
+
+
+def isolate_harness(isolate: bool = True) -> None:
+    """Pin this process, and so every process it starts from now on, to the harness cores (or, with
+    `isolate` False, back to every core). The store's inserts and merges, the load generator and the front
+    ends then never run on the cores that step the engine: on a small machine they otherwise slow the steps
+    by a third from time to time, a "slower compute" that no healthy run should show."""
+    split = core_split()
+    if split is not None:
+        os.sched_setaffinity(0, split[0] if isolate else set(_ALL_CORES))
+
+
+def pin_engine_cores(server_pid: int) -> list[int]:
+    """Move the engine core processes under `server_pid` (every thread of each) to the engine cores; the
+    pids moved. The front end and a fleet's router stay on the harness cores."""
+    split = core_split()
+    if split is None:
+        return []
+    moved = []
+    for pid in tree(server_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"engine.core_proc" not in cmdline.split(b"\0"):  # `python -m engine.core_proc ...`
+            continue
+        for tid in _threads(pid):
+            try:
+                os.sched_setaffinity(tid, split[1])
+            except OSError:  # a thread that has just ended
+                continue
+        moved.append(pid)
+    return moved
+
+
+def engine_cores() -> set[int] | None:
+    """The cores the engine's step loops run on (None: not isolated)."""
+    split = core_split()
+    return split[1] if split else None
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 def start_server(
     cfg: ScenarioConfig, log: Path, token: str, otlp: str | None, port: int | None = None
 ) -> tuple[Proc, str]:
-    """`stepscope serve` with the scenario's engine; (process, base URL) once healthy. Its
-    service.instance.id is its host:port, the instance name a scrape of its /metrics gets."""
+    """`stepscope serve` with the scenario's engine; (process, base URL) once healthy, its core processes
+    on the engine cores when `cfg.isolate_cores` (`pin_engine_cores`). Its service.instance.id is its
+    host:port, the instance name a scrape of its /metrics gets."""
+    isolate_harness(cfg.isolate_cores)
     port = port or free_port()
     args = ["serve", *cfg.engine_args(), "--port", str(port), "--admin-token", token]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -38,6 +101,8 @@ def start_server(
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/health", 300)
+        if cfg.isolate_cores and not pin_engine_cores(proc.pid):
+            cfg.log("scenario: warning: no engine core process found to pin; the engine shares the cores")
     except BaseException:
         proc.stop()
         raise
@@ -107,11 +172,11 @@ def warm_up(url: str, model: str) -> None:
 _BUSY = "while True: pass"
 
 
-def start_neighbours(n: int, cores_of: int | None = None) -> list[subprocess.Popen]:
-    """Start `n` busy processes (each in its own session) on the cores process `cores_of` may run on
-    (all of this process's cores when None): real contention for the engine's CPU, the engine itself
-    untouched. Stop them with `stop_neighbours`."""
-    cores = os.sched_getaffinity(cores_of or 0) if hasattr(os, "sched_getaffinity") else None
+def start_neighbours(n: int, cores: set[int] | None = None) -> list[subprocess.Popen]:
+    """Start `n` busy processes (each in its own session) on `cores` (this process's cores when None):
+    real contention for the engine's CPU, the engine itself untouched. Stop them with `stop_neighbours`."""
+    if cores is None and hasattr(os, "sched_getaffinity"):
+        cores = os.sched_getaffinity(0)
     procs = []
     try:
         for _ in range(n):

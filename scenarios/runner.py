@@ -34,6 +34,8 @@ from scenarios.config import ScenarioConfig, fault_clients, fault_workload, load
 from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, Fault, min_duration_s
 from scenarios.procs import (
     Proc,
+    engine_cores,
+    isolate_harness,
     start_collector,
     start_neighbours,
     start_server,
@@ -110,7 +112,7 @@ async def _switch_at(
     if fault.neighbours is not None:
         n = fault.neighbours(cfg.value or 0.0)
         cfg.log(f"scenario: onset: {n} busy processes on the engine's cores")
-        busy = start_neighbours(n)
+        busy = start_neighbours(n, engine_cores() if cfg.isolate_cores else None)
         undo.append(lambda: stop_neighbours(busy))
     if fault.fleet:
         await asyncio.to_thread(_fleet_fault, cfg, fault, url, token, undo)
@@ -192,6 +194,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
+        isolate_harness(cfg.isolate_cores)  # before the collector starts: it runs on the harness cores
         collector, collector_url = start_collector(
             cfg.out, cfg.out / "collector.log", engine_port if cfg.scrape else None, cfg.scrape_interval_s
         )

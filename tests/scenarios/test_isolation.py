@@ -1,0 +1,49 @@
+"""The scenario harness keeps the engine's step loops on cores of their own (scenarios/procs.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from scenarios.procs import core_split, pin_engine_cores
+
+needs_two_cores = pytest.mark.skipif(core_split() is None, reason="needs two cores to split")
+
+
+def test_core_split_gives_the_engine_cores_apart_from_the_harness() -> None:
+    split = core_split()
+    if split is None:
+        assert len(os.sched_getaffinity(0)) < 2
+        return
+    harness, engine = split
+    assert harness and engine and not harness & engine
+    assert harness | engine <= set(range(os.cpu_count() or 1))
+
+
+@needs_two_cores
+def test_only_core_processes_under_the_server_move_to_the_engine_cores() -> None:
+    # a stand-in server: a process that starts a child whose command line names the core module, as
+    # `stepscope serve` starts `python -m engine.core_proc`, and prints the child's pid
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        sleeper = [{sys.executable!r}, "-c", "import time; time.sleep(60)", "engine.core_proc"]
+        child = subprocess.Popen(sleeper)
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        core = int(server.stdout.readline())
+        before = os.sched_getaffinity(server.pid)
+        assert pin_engine_cores(server.pid) == [core]
+        assert os.sched_getaffinity(core) == core_split()[1]
+        assert os.sched_getaffinity(server.pid) == before  # the front end stays where it was
+    finally:
+        server.kill()
+        server.wait()
