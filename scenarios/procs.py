@@ -48,26 +48,29 @@ def isolate_harness(isolate: bool = True) -> None:
 
 
 def pin_engine_cores(server_pid: int) -> list[int]:
-    """Move the engine core processes under `server_pid` (every thread of each) to the engine cores; the
-    pids moved. The front end and a fleet's router stay on the harness cores."""
+    """Move the engine core processes under `server_pid` (every thread of each) to the engine cores and the
+    rest of its processes (the front end, a fleet's router and replicas' front ends) to the harness cores;
+    the core pids moved. Where no core process is found nothing moves, and the server keeps every core."""
     split = core_split()
     if split is None:
         return []
-    moved = []
+    cores, others = [], []
     for pid in tree(server_pid):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"engine.core_proc" not in cmdline.split(b"\0"):  # `python -m engine.core_proc ...`
-            continue
-        for tid in _threads(pid):
-            try:
-                os.sched_setaffinity(tid, split[1])
-            except OSError:  # a thread that has just ended
-                continue
-        moved.append(pid)
-    return moved
+        (cores if b"engine.core_proc" in argv else others).append(pid)  # `python -m engine.core_proc`
+    if not cores:
+        return []
+    for pids, where in ((cores, split[1]), (others, split[0])):
+        for pid in pids:
+            for tid in _threads(pid):
+                try:
+                    os.sched_setaffinity(tid, where)
+                except OSError:  # a thread that has just ended
+                    continue
+    return cores
 
 
 def engine_cores() -> set[int] | None:
@@ -89,7 +92,6 @@ def start_server(
     """`stepscope serve` with the scenario's engine; (process, base URL) once healthy, its core processes
     on the engine cores when `cfg.isolate_cores` (`pin_engine_cores`). Its service.instance.id is its
     host:port, the instance name a scrape of its /metrics gets."""
-    isolate_harness(cfg.isolate_cores)
     port = port or free_port()
     args = ["serve", *cfg.engine_args(), "--port", str(port), "--admin-token", token]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -97,7 +99,11 @@ def start_server(
         args += ["--otlp-endpoint", otlp, "--trace-steps-every", "1" if cfg.step_spans else "0"]
         env |= {"OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "2000"}
         env["OTEL_RESOURCE_ATTRIBUTES"] = f"service.instance.id={engine_instance(port)}"
-    proc = Proc(args, log, env)
+    isolate_harness(False)  # the server starts on every core: if its core cannot be pinned, it keeps them
+    try:
+        proc = Proc(args, log, env)
+    finally:
+        isolate_harness(cfg.isolate_cores)
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/health", 300)

@@ -192,6 +192,7 @@ class Demo:
         self.scenario = ScenarioConfig(
             out=cfg.out, fault=cfg.fault, value=cfg.value, model=cfg.model, rate=cfg.rate,
             drain_timeout_s=cfg.drain_s,
+            isolate_cores=False,  # a demo shows the engine as it runs on the user's machine
             log=_scenario_line,
         )  # fmt: skip
         self.procs: list[Any] = []

@@ -40,10 +40,21 @@ def test_only_core_processes_under_the_server_move_to_the_engine_cores() -> None
     server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         core = int(server.stdout.readline())
-        before = os.sched_getaffinity(server.pid)
         assert pin_engine_cores(server.pid) == [core]
         assert os.sched_getaffinity(core) == core_split()[1]
-        assert os.sched_getaffinity(server.pid) == before  # the front end stays where it was
+        assert os.sched_getaffinity(server.pid) == core_split()[0]  # the front end on the harness cores
+    finally:
+        server.kill()
+        server.wait()
+
+
+@needs_two_cores
+def test_a_server_without_a_core_process_keeps_every_core() -> None:
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = os.sched_getaffinity(server.pid)
+        assert pin_engine_cores(server.pid) == []
+        assert os.sched_getaffinity(server.pid) == before
     finally:
         server.kill()
         server.wait()
