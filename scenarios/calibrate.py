@@ -75,9 +75,9 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     store = out / "calibrate-store"
     store.mkdir(exist_ok=True)
     procs: list[Proc] = []
+    unpin = procs_mod.isolate_harness(cfg.isolate_cores)  # as the run is: the collector on the harness cores
     try:
         otlp, port = None, free_port()
-        procs_mod.isolate_harness(cfg.isolate_cores)  # as the run is: the collector on the harness cores
         if traced:
             collector, otlp = start_collector(
                 store, out / "calibrate-collector.log", port if cfg.scrape else None, cfg.scrape_interval_s
@@ -104,6 +104,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     finally:
         for p in reversed(procs):
             p.stop()
+        unpin()
         shutil.rmtree(store, ignore_errors=True)  # the probe's spans are nobody's evidence
     ends = [r.end_s for res in results for r in res.records if r.ok and r.end_s is not None]
     value = steady_rate(ends, duration_s)

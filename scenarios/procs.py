@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,14 +38,18 @@ def core_split() -> tuple[set[int], set[int]] | None:
     return set(_ALL_CORES[:half]), set(_ALL_CORES[half:])
 
 
-def isolate_harness(isolate: bool = True) -> None:
-    """Pin this process, and so every process it starts from now on, to the harness cores (or, with
-    `isolate` False, back to every core). The store's inserts and merges, the load generator and the front
-    ends then never run on the cores that step the engine: on a small machine they otherwise slow the steps
-    by a third from time to time, a "slower compute" that no healthy run should show."""
+def isolate_harness(isolate: bool = True) -> Callable[[], None]:
+    """Pin this process, and so every process it starts from now on, to the harness cores; returns what
+    puts it back on the cores it had (call it when the run's processes are stopped). The store's inserts
+    and merges, the load generator and the front ends then never run on the cores that step the engine: on
+    a small machine they otherwise slow the steps by a third from time to time, a "slower compute" that no
+    healthy run should show. A no-op where `isolate` is False or there is nothing to split."""
     split = core_split()
-    if split is not None:
-        os.sched_setaffinity(0, split[0] if isolate else set(_ALL_CORES))
+    if not isolate or split is None:
+        return lambda: None
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, split[0])
+    return lambda: os.sched_setaffinity(0, before)
 
 
 def pin_engine_cores(server_pid: int) -> list[int]:
@@ -73,6 +78,19 @@ def pin_engine_cores(server_pid: int) -> list[int]:
     return cores
 
 
+def _on_every_core(start: Callable[[], Proc]) -> Proc:
+    """`start()` with this process on every core it could use at first, so that what it starts inherits
+    them; then back on the cores it had."""
+    if not _ALL_CORES:
+        return start()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(_ALL_CORES))
+    try:
+        return start()
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def engine_cores() -> set[int] | None:
     """The cores the engine's step loops run on (None: not isolated)."""
     split = core_split()
@@ -99,15 +117,11 @@ def start_server(
         args += ["--otlp-endpoint", otlp, "--trace-steps-every", "1" if cfg.step_spans else "0"]
         env |= {"OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "2000"}
         env["OTEL_RESOURCE_ATTRIBUTES"] = f"service.instance.id={engine_instance(port)}"
-    isolate_harness(False)  # the server starts on every core: if its core cannot be pinned, it keeps them
-    try:
-        proc = Proc(args, log, env)
-    finally:
-        isolate_harness(cfg.isolate_cores)
+    proc = _on_every_core(lambda: Proc(args, log, env))  # where its core cannot be pinned, it keeps them
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/health", 300)
-        if cfg.isolate_cores and not pin_engine_cores(proc.pid):
+        if cfg.isolate_cores and core_split() is not None and not pin_engine_cores(proc.pid):
             cfg.log("scenario: warning: no engine core process found to pin; the engine shares the cores")
     except BaseException:
         proc.stop()

@@ -191,10 +191,10 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     procs: list[Proc] = []
     undo: list[Undo] = []  # busy processes of a cpu_contention run, a replica's throttle
     instance = None
+    unpin = isolate_harness(cfg.isolate_cores)  # before the collector starts: it runs on the harness cores
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
-        isolate_harness(cfg.isolate_cores)  # before the collector starts: it runs on the harness cores
         collector, collector_url = start_collector(
             cfg.out, cfg.out / "collector.log", engine_port if cfg.scrape else None, cfg.scrape_interval_s
         )
@@ -219,6 +219,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
         undo_all(undo)
         for p in reversed(procs):
             p.stop()
+        unpin()
     truth = {
         "fault": cfg.fault,
         "value": cfg.value,

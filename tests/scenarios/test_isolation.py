@@ -58,3 +58,14 @@ def test_a_server_without_a_core_process_keeps_every_core() -> None:
     finally:
         server.kill()
         server.wait()
+
+
+@needs_two_cores
+def test_the_harness_gets_its_cores_back_after_a_run() -> None:
+    from scenarios.procs import isolate_harness
+
+    before = os.sched_getaffinity(0)
+    unpin = isolate_harness(True)
+    assert os.sched_getaffinity(0) == core_split()[0]
+    unpin()
+    assert os.sched_getaffinity(0) == before
