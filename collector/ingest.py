@@ -11,9 +11,10 @@ unreachable, and the store sees few large inserts instead of many small ones: Cl
 after a crash carries the token it was recorded with, so ClickHouse drops what had already gone in.
 
 Spans go through the compiled decoder (collector/spans.py) twice: in the request thread to refuse what does
-not parse and count what is rejected, before the acknowledgement; in the insert thread, straight from the
-spooled bytes of a whole group into one table. Decoding is cheaper than holding columns and merging them,
-and nothing but the spool holds a request once it is acknowledged. Without a C compiler spans are converted
+not parse and count what is rejected, before the acknowledgement; then straight from the spooled bytes of a
+whole group into one table, mostly in a helper thread while the previous group is being inserted. Decoding
+is cheaper than holding columns and merging them, and nothing but the spool holds a request once it is
+acknowledged. Without a C compiler spans are converted
 in Python when they arrive (in `--convert-workers` processes), kept in memory up to CACHE_MAX_ROWS and
 merged per group, as metrics and logs are.
 """
@@ -24,6 +25,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +103,7 @@ class Ingestor:
         self._sizes: dict[str, int] = {}  # spool file name -> rows, of batches decoded at insert
         self._native = False  # spans through the compiled decoder (set in start())
         self._finishing = False
-        self.trace_groups = 0  # groups inserted with spans in them
-        self.sglang_groups = 0  # ... with SGLang request roots in them (the SGLang assembler waits for one)
+        self.sglang_groups = 0  # groups inserted with SGLang request roots (the SGLang assembler waits)
         self._attempts: dict[str, int] = {}
         self._alone: set[str] = set()  # entries to insert one by one after their group kept failing
         self._convert_workers = convert_workers
@@ -251,7 +252,7 @@ class Ingestor:
                 break
         token = batch_token("group", "".join(e.token for e in group).encode())
         manifest = self.spool.write_group(token, group)
-        return self._insert_group(store, manifest, token, group) or progressed
+        return self._insert_group(store, manifest, token, group, pending) or progressed
 
     def _linger_s(self, pending: list[Entry]) -> float:
         """How long the pending entries may wait for more before they go in as a group (0: now)."""
@@ -266,13 +267,17 @@ class Ingestor:
             return 0.0
         return wait_s
 
-    def _insert_group(self, store: Store, manifest: Path, token: str, entries: list[Entry]) -> bool:
+    def _insert_group(
+        self, store: Store, manifest: Path, token: str, entries: list[Entry], pending: Sequence[Entry] = ()
+    ) -> bool:
+        """Insert one recorded group; with `pending` (the spool's entries the group was taken from), the
+        rest of them start decoding beside the insert."""
         if not entries:
             self.spool.drop_group(manifest)
             return False
         batches = self._batches_of(entries)
         merged = convert.merge(batches) if batches else convert.Batch()
-        self._decode_ahead(entries)  # beside this insert, on the other core: the next group's spans
+        self._decode_ahead(entries, pending)  # beside this insert, on the other core: the next group
         try:
             for table, columns in merged.tables.items():
                 store.insert(table, merged.columns[table], columns, token=token)
@@ -289,23 +294,21 @@ class Ingestor:
             self._finishing = False
         self._forget(entries)
         spans_table = merged.tables.get("otel_traces")
-        if spans_table is not None:
-            self.trace_groups += 1
-            if sglang.has_roots(spans_table):
-                self.sglang_groups += 1
+        if spans_table is not None and sglang.has_roots(spans_table):
+            self.sglang_groups += 1
         self._set_up()
         return True
 
-    def _decode_ahead(self, group: list[Entry]) -> None:
-        """Start decoding the spooled spans that come after `group` (at most a group's worth) in a helper
-        thread, while the store takes `group`: the decoder releases the GIL, so the next group's decoding
-        overlaps this group's insert instead of following it. `_batches_of` uses the result when the next
-        group holds those entries, and otherwise drops it."""
+    def _decode_ahead(self, group: list[Entry], pending: Sequence[Entry]) -> None:
+        """Start decoding the spooled spans of `pending` that are not in `group` (at most a group's worth)
+        in a helper thread, while the store takes `group`: the decoder releases the GIL, so the next group's
+        decoding overlaps this group's insert instead of following it. `_batches_of` uses the result when
+        the next group holds those entries, and otherwise drops it."""
         if not self._native or self._ahead is not None or self._stop.is_set():
             return
         taken = {e.path.name for e in group}
         ahead, rows = [], 0
-        for entry in self.spool.pending():
+        for entry in pending:
             name = entry.path.name
             if name in taken or name in self._alone:
                 continue
