@@ -33,7 +33,8 @@ def clean(value: Any, digits: int = 6) -> Any:
 class Regression:
     """A symptom that got worse: effect size past its threshold, significant, enough samples."""
 
-    metric: str  # ttft_p50 | ttft_p99 | tpot_p50 | tpot_p99 | e2e_p99 | itl_max_p99 | throughput | ...
+    # ttft_p50 | ttft_p99 | tpot_p50 | tpot_p99 | e2e_p50 | e2e_p99 | itl_max_p99 | throughput | ...
+    metric: str
     baseline: float
     current: float
     ratio: float

@@ -19,6 +19,7 @@ LATENCY_METRICS: dict[str, tuple[str, str, float]] = {
     "ttft_p99": ("ttft_p99", "ttft_s", 0.99),
     "tpot_p50": ("tpot_p50", "tpot_s", 0.5),
     "tpot_p99": ("tpot_p99", "tpot_s", 0.99),
+    "e2e_p50": ("e2e_p50", "e2e_s", 0.5),
     "e2e_p99": ("e2e_p99", "e2e_s", 0.99),
     "itl_max_p99": ("itl_max_p99", "tpot_max_s", 0.99),
 }

@@ -119,6 +119,18 @@ def arrivals_rose(facts: Facts) -> bool:
     return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < cfg.arrival_p
 
 
+def prompt_growth(facts: Facts) -> tuple[bool, bool]:
+    """How the prompts got longer, as `long_prompts` reads it: (the body: mean by `long_prompt_ratio` and
+    P90 by `steady_prompt_ratio`; the long tail alone: mean by `steady_prompt_ratio` and P99 by
+    `long_prompt_tail_ratio`). The upper tail, not the median: a mixed workload (chat + shared prefix)
+    has a bimodal length distribution whose median jumps between modes in healthy runs."""
+    cfg = facts.config
+    mean = facts.req_ratio("input_mean", 0.0)
+    body = mean >= cfg.long_prompt_ratio and facts.req_ratio("input_p90", 0.0) >= cfg.steady_prompt_ratio
+    tail = mean >= cfg.steady_prompt_ratio and facts.req_ratio("input_p99", 0.0) >= cfg.long_prompt_tail_ratio
+    return body, tail
+
+
 def rpc_grew(facts: Facts) -> bool | None:
     """Did the front end's RPC delay grow past its thresholds? None when it is not measured."""
     cfg = facts.config

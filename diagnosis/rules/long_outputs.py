@@ -15,7 +15,7 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
-from diagnosis.rules.base import arrivals_rose, best, make_finding, strength, ttft_share
+from diagnosis.rules.base import arrivals_rose, best, make_finding, prompt_growth, strength, ttft_share
 
 CAUSE = "long_outputs"
 LEVER = (
@@ -25,11 +25,11 @@ LEVER = (
 
 
 def evaluate(facts: Facts) -> Finding | None:
-    """Mean output tokens up by `long_output_ratio`, arrivals not risen (`arrivals_rose`),
-    prompt lengths within
-    `steady_prompt_ratio`, max_num_seqs not raised; with engine evidence (steps or scraped samples) the
-    running batch or the waiting queue up. Share = the decode part of the mean E2E change (and of
-    the TTFT change through the queue, when requests now wait for longer-running ones)."""
+    """Mean output tokens up by `long_output_ratio`, arrivals not risen (`arrivals_rose`), the prompts
+    not grown as long_prompts reads it (`prompt_growth`: mean and P90 x1.35, P99 x1.07 in a
+    50-request baseline is not longer prompts), max_num_seqs not raised; with engine evidence (steps or
+    scraped samples) the running batch or the waiting queue up. Share = the decode part of the mean E2E
+    change (and of the TTFT change through the queue, when requests now wait for longer-running ones)."""
     cfg = facts.config
     symptoms = facts.regressed("e2e", "ttft", "tpot", "itl_max", "goodput", "throughput")
     outputs = facts.req_ratio("output_mean", 0.0)
@@ -37,9 +37,8 @@ def evaluate(facts: Facts) -> Finding | None:
         return None
     if arrivals_rose(facts):
         return None
-    lengths = facts.req_ratio("input_mean", 1.0)
-    if not 1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio:
-        return None
+    if any(prompt_growth(facts)):
+        return None  # the prompts grew as long_prompts reads it: theirs is the evidence to weigh
     limit_b, limit_c = facts.engine_pair("max_num_seqs_mean")
     if limit_b > 0 and limit_c >= cfg.limit_raise_ratio * limit_b:
         return None  # the limit was raised: oversized_batch's evidence

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
-from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
+from diagnosis.rules.base import best, make_finding, period_share, prompt_growth, strength, ttft_share
 
 CAUSE = "long_prompts"
 LEVER = (
@@ -26,15 +26,10 @@ def evaluate(facts: Facts) -> Finding | None:
     prefill riding in decode steps (TPOT)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "tpot", "itl_max", "goodput", "throughput")
-    mean_ratio = facts.req_ratio("input_mean", 0.0)
-    # The upper tail, not the median: a mixed workload (chat + shared-prefix) has a bimodal length
-    # distribution whose median jumps between modes in healthy runs.
-    p90_ratio = facts.req_ratio("input_p90", 0.0)
-    p99_ratio = facts.req_ratio("input_p99", 0.0)
-    body = mean_ratio >= cfg.long_prompt_ratio and p90_ratio >= cfg.steady_prompt_ratio
-    tail = mean_ratio >= cfg.steady_prompt_ratio and p99_ratio >= cfg.long_prompt_tail_ratio
+    body, tail = prompt_growth(facts)
     if not symptoms or not (body or tail):
         return None
+    mean_ratio, p99_ratio = facts.req_ratio("input_mean", 0.0), facts.req_ratio("input_p99", 0.0)
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
     if facts.regressed("throughput", "goodput") and not share >= cfg.min_share_explained:
         share = cfg.min_share_explained  # longer prompts cut capacity even when no latency part moved

@@ -80,6 +80,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     # Clocks held down: the work itself slower (CPU time grows with the wall).
     "compute_slowdown_clocks": (SimConfig(seed=18, fault={"clock_factor": 1.8}), "compute_slowdown"),
     "long_outputs": (SimConfig(seed=19, fault={"output_median": 200}), "long_outputs"),
+    # The same at a rate that leaves about 50 requests a side: too few for a P99 test to see anything, so
+    # the E2E median is the symptom (every request decodes for longer).
+    "long_outputs_few_requests": (
+        SimConfig(seed=28, rate_rps=0.65, fault={"output_median": 256}),
+        "long_outputs",
+    ),
     "batch_limit_low": (
         SimConfig(seed=20, rate_rps=6.0, fault={"max_num_seqs": 2}),
         "batch_limit_low",
