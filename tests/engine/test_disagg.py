@@ -226,7 +226,8 @@ def test_a_restarted_worker_rejoins_and_health_reports_roles(fragile, tmp_path):
         worker.wait()
     prefill = fragile.workers("prefill")[0]
     os.kill(prefill["pid"], signal.SIGKILL)
-    wait_for(lambda: httpx.get(fragile.url + "/health").status_code == 503)
-    assert fragile.health()["healthy_workers"]["prefill"] == 0
+    # /health may already answer 503 for the decode worker just killed; wait for the prefill one's loss
+    wait_for(lambda: fragile.health()["healthy_workers"]["prefill"] == 0)
+    assert httpx.get(fragile.url + "/health").status_code == 503
     r = fragile.complete("no prefill worker", 4)
     assert r.status_code == 503 and r.json()["error"]["message"]
