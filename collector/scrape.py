@@ -38,7 +38,9 @@ BUFFER_MAX_ROWS = 1_000_000  # rows kept while the store is down; past it the ol
 MAX_PAGE_BYTES = 16 << 20
 WORKERS = 8  # fetches at once: a slow target holds one worker for up to its timeout
 # Targets due within SLOT_S of each other go to one job, at most BATCH of them (scraped in turn): fewer
-# wake-ups of the pool's threads, each of which costs more than a small page's parse.
+# wake-ups of the pool's threads, each of which costs more than a small page's parse. The slot is at most
+# a quarter of the interval: a target is due again one interval after its scrape started, so a slot as
+# long as the interval would hand it out again at once and scrape it back to back.
 SLOT_S = 0.25
 BATCH = 4
 FLUSH_MIN_S = 10.0  # the scraped rows go into the store at most this often
@@ -217,6 +219,7 @@ class Scraper:
         """Hand the targets due within the next SLOT_S to the pool, BATCH to a job; insert the buffer
         every FLUSH_MIN_S or interval, whichever is longer (fewer, larger parts for the store to merge)."""
         flush_every = max(self.interval_s, FLUSH_MIN_S)
+        slot = min(SLOT_S, self.interval_s / 4)
         next_flush = time.monotonic() + flush_every
         while not self._stop.is_set():
             now = time.monotonic()
@@ -225,7 +228,7 @@ class Scraper:
                 self._pool.submit(self.flush)  # type: ignore[union-attr]
             with self._lock:
                 due = []
-                while self._due and self._due[0][0] <= now + SLOT_S:
+                while self._due and self._due[0][0] <= now + slot:
                     due.append(heapq.heappop(self._due)[1])
                 for k in range(0, len(due), BATCH):
                     self._pool.submit(self._job, due[k : k + BATCH])  # type: ignore[union-attr]
