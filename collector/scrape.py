@@ -216,8 +216,9 @@ class Scraper:
 
     # --- the loop -------------------------------------------------------------------------------------
     def _schedule(self) -> None:
-        """Hand the targets due within the next SLOT_S to the pool, BATCH to a job; insert the buffer
-        every FLUSH_MIN_S or interval, whichever is longer (fewer, larger parts for the store to merge)."""
+        """Hand the targets due within the next slot (SLOT_S, at most a quarter of the interval) to the pool,
+        BATCH to a job; insert the buffer every FLUSH_MIN_S or interval, whichever is longer (fewer, larger
+        parts for the store to merge)."""
         flush_every = max(self.interval_s, FLUSH_MIN_S)
         slot = min(SLOT_S, self.interval_s / 4)
         next_flush = time.monotonic() + flush_every

@@ -26,8 +26,8 @@ LEVER = (
 
 def evaluate(facts: Facts) -> Finding | None:
     """Mean output tokens up by `long_output_ratio`, arrivals not risen (`arrivals_rose`), the prompts
-    not grown as long_prompts reads it (`prompt_growth`: mean and P90 x1.35, P99 x1.07 in a
-    50-request baseline is not longer prompts), max_num_seqs not raised; with engine evidence (steps or
+    not grown as long_prompts reads it (`prompt_growth`; a small baseline's mix can move the mean alone),
+    max_num_seqs not raised; with engine evidence (steps or
     scraped samples) the running batch or the waiting queue up. Share = the decode part of the mean E2E
     change (and of the TTFT change through the queue, when requests now wait for longer-running ones)."""
     cfg = facts.config

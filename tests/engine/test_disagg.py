@@ -226,7 +226,7 @@ def test_a_restarted_worker_rejoins_and_health_reports_roles(fragile, tmp_path):
         worker.wait()
     prefill = fragile.workers("prefill")[0]
     os.kill(prefill["pid"], signal.SIGKILL)
-    # /health may already answer 503 for the decode worker just killed; wait for the prefill one's loss
+    # the router marks the killed prefill worker lost, and then /health answers 503
     wait_for(lambda: fragile.health()["healthy_workers"]["prefill"] == 0)
     assert httpx.get(fragile.url + "/health").status_code == 503
     r = fragile.complete("no prefill worker", 4)
