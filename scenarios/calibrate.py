@@ -25,7 +25,7 @@ from pathlib import Path
 
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from scenarios.config import ScenarioConfig, fault_workload, workloads
-from scenarios.procs import core_split, isolate_harness, start_collector, start_server, warm_up
+from scenarios.procs import isolate_harness, isolates, start_collector, start_server, warm_up
 from stepscope.procs import Proc, free_port
 
 PROBE_S = 20.0
@@ -42,7 +42,7 @@ def cache_key(cfg: ScenarioConfig) -> str:
     the run traces."""
     workload = sorted((k, str(v)) for k, v in fault_workload(cfg).items())  # a fault's own workload
     host, engine = [socket.gethostname(), os.cpu_count()], cfg.engine_args()
-    isolated = cfg.isolate_cores and core_split() is not None
+    isolated = isolates(cfg)
     return json.dumps(
         [*host, engine, WORKLOAD_VERSION, workload, PROBE_VERSION, cfg.step_spans, cfg.scrape, isolated]
     )
@@ -74,7 +74,7 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     store = out / "calibrate-store"
     store.mkdir(exist_ok=True)
     procs: list[Proc] = []
-    unpin = isolate_harness(cfg.isolate_cores)  # as the run is: the collector on the harness cores
+    unpin = isolate_harness(isolates(cfg))  # as the run is: the collector on the harness cores
     try:
         otlp, port = None, free_port()
         if traced:

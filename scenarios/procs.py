@@ -38,6 +38,16 @@ def core_split() -> tuple[set[int], set[int]] | None:
     return set(_ALL_CORES[:half]), set(_ALL_CORES[half:])
 
 
+def isolates(cfg: ScenarioConfig) -> bool:
+    """Whether a run of `cfg` splits the cores: asked for (`isolate_cores`), two cores or more, and an
+    engine core for each replica. Three replicas' step loops pinned to one core wait for each other: a
+    replica's step time then follows its peers' load, which a fleet of one device per replica never sees
+    (the isolated fleets of a full grid on two cores: routing and cache faults named wrong or not at all,
+    load average 4-13). Such a fleet shares every core with the harness instead."""
+    split = core_split()
+    return cfg.isolate_cores and split is not None and len(split[1]) >= cfg.replicas
+
+
 def isolate_harness(isolate: bool = True) -> Callable[[], None]:
     """Pin this process, and so every process it starts from now on, to the harness cores; returns what
     puts it back on the cores it had (call it when the run's processes are stopped). The store's inserts
@@ -108,8 +118,8 @@ def start_server(
     cfg: ScenarioConfig, log: Path, token: str, otlp: str | None, port: int | None = None
 ) -> tuple[Proc, str]:
     """`stepscope serve` with the scenario's engine; (process, base URL) once healthy, its core processes
-    on the engine cores when `cfg.isolate_cores` (`pin_engine_cores`). Its service.instance.id is its
-    host:port, the instance name a scrape of its /metrics gets."""
+    on the engine cores when the run splits them (`isolates`, `pin_engine_cores`). Its service.instance.id
+    is its host:port, the instance name a scrape of its /metrics gets."""
     port = port or free_port()
     args = ["serve", *cfg.engine_args(), "--port", str(port), "--admin-token", token]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -121,7 +131,7 @@ def start_server(
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/health", 300)
-        if cfg.isolate_cores and core_split() is not None and not pin_engine_cores(proc.pid):
+        if isolates(cfg) and not pin_engine_cores(proc.pid):
             cfg.log("scenario: warning: no engine core process found to pin; the engine shares the cores")
     except BaseException:
         proc.stop()

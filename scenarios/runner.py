@@ -36,6 +36,7 @@ from scenarios.procs import (
     Proc,
     engine_cores,
     isolate_harness,
+    isolates,
     start_collector,
     start_neighbours,
     start_server,
@@ -112,7 +113,7 @@ async def _switch_at(
     if fault.neighbours is not None:
         n = fault.neighbours(cfg.value or 0.0)
         cfg.log(f"scenario: onset: {n} busy processes on the engine's cores")
-        busy = start_neighbours(n, engine_cores() if cfg.isolate_cores else None)
+        busy = start_neighbours(n, engine_cores() if isolates(cfg) else None)
         undo.append(lambda: stop_neighbours(busy))
     if fault.fleet:
         await asyncio.to_thread(_fleet_fault, cfg, fault, url, token, undo)
@@ -191,7 +192,7 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     procs: list[Proc] = []
     undo: list[Undo] = []  # busy processes of a cpu_contention run, a replica's throttle
     instance = None
-    unpin = isolate_harness(cfg.isolate_cores)  # before the collector starts: it runs on the harness cores
+    unpin = isolate_harness(isolates(cfg))  # before the collector starts: it runs on the harness cores
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()

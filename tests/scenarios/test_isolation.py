@@ -69,3 +69,16 @@ def test_the_harness_gets_its_cores_back_after_a_run() -> None:
     assert os.sched_getaffinity(0) == core_split()[0]
     unpin()
     assert os.sched_getaffinity(0) == before
+
+
+@needs_two_cores
+def test_a_fleet_with_more_replicas_than_engine_cores_shares_every_core(tmp_path) -> None:
+    from scenarios.config import ScenarioConfig
+    from scenarios.procs import isolates
+
+    engine = len(core_split()[1])
+    assert isolates(ScenarioConfig(out=tmp_path))  # one engine: its step loop on a core of its own
+    assert isolates(ScenarioConfig(out=tmp_path, replicas=max(2, engine))) == (engine >= 2)
+    # replicas that would take turns on the engine cores share them all with the harness instead
+    assert not isolates(ScenarioConfig(out=tmp_path, replicas=engine + 1))
+    assert not isolates(ScenarioConfig(out=tmp_path, isolate_cores=False))
