@@ -190,6 +190,7 @@ def _load_sink(spec: str | None, opts: dict[str, Any]) -> EventSink | None:
 
 
 def _exit_on_sigterm(signum: int, frame_: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one would break into the exit handlers
     raise SystemExit(0)
 
 

@@ -299,6 +299,9 @@ class _Terminated(BaseException):
 
 
 def _terminate(signum: int, frame: object) -> None:
+    # The first SIGTERM unwinds; another one while the core is being stopped (a process group's stop
+    # reaches every member) would cut that cleanup short with a traceback, so later ones are ignored.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Terminated()
 
 

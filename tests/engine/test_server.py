@@ -380,7 +380,10 @@ def test_full_waiting_queue_answers_429_and_recovers(small_server):
 def test_sigterm_stops_the_front_end_and_the_core(small_server):
     core = small_server.core_pid()
     os.killpg(small_server.proc.pid, signal.SIGTERM)
+    time.sleep(0.05)
+    os.killpg(small_server.proc.pid, signal.SIGTERM)  # a second stop while the first unwinds changes nothing
     assert small_server.proc.wait(30) == 0
+    assert "Traceback" not in small_server.log.read_text()
     deadline = time.monotonic() + 30
     while Path(f"/proc/{core}").exists() and "Z" not in _proc_state(core) and time.monotonic() < deadline:
         time.sleep(0.1)
