@@ -24,7 +24,7 @@ import numpy as np
 from collector.client import Reader
 from collector.timerange import TimeRange
 from diagnosis import queries, stats
-from diagnosis.facts import num
+from diagnosis.facts import num, span_params
 from diagnosis.records import Regression
 
 _TABLES = re.compile(r"\bFROM (requests|steps)\b")
@@ -135,6 +135,36 @@ def localize(source: Reader, facts: Any) -> Localization:
         if share >= cfg.localize_share and gap >= cfg.localize_lift_gap:
             return Localization("instances", tuple(sorted(top)), share, metric, lost, spread, rows)
     return fleet
+
+
+def stopped_at(source: Reader, window: TimeRange, cfg: Any) -> float | None:
+    """When an instance stopped serving inside `window` while its peers kept on (unix s just after its
+    last request; the earliest such instance), else None. It stopped when it served at least
+    `min_requests_p50` / 3 requests and its own rate before its last one makes the silence after it
+    improbable (no arrival in that time has a Poisson chance under `alpha`), the silence is at least
+    `min_segment_share` of the window, and a peer served later in that silence. The split a change point
+    finds follows the symptoms, and a fleet that absorbs a lost replica shows none: this is the change."""
+    rows = source.query(queries.INSTANCE_SPAN, span_params(window)).dicts()
+    if len(rows) < 2:
+        return None
+    spans = {
+        str(r["instance"]): (num(r["requests"]), num(r["first_ns"]) / 1e9, num(r["last_ns"]) / 1e9)
+        for r in rows
+    }
+    stops = []
+    for name, (n, first, last) in spans.items():
+        silence = window.end - last
+        if (
+            n < cfg.min_requests_p50 / 3
+            or not last > first
+            or silence < cfg.min_segment_share * window.seconds
+        ):
+            continue
+        expected = (n - 1) / (last - first) * silence
+        peer_later = any(other[2] > last + silence / 2 for peer, other in spans.items() if peer != name)
+        if expected >= -math.log(cfg.alpha) and peer_later:
+            stops.append(last + 1e-3)
+    return min(stops) if stops else None
 
 
 def _nan0(x: float) -> float:

@@ -16,7 +16,14 @@ from diagnosis import facts as F
 from diagnosis import stats, unexplained
 from diagnosis.config import DiagnosisConfig
 from diagnosis.decompose import decompose
-from diagnosis.fleet import Localization, ScopedReader, localize, peer_regressions, peer_step_ratio
+from diagnosis.fleet import (
+    Localization,
+    ScopedReader,
+    localize,
+    peer_regressions,
+    peer_step_ratio,
+    stopped_at,
+)
 from diagnosis.records import Diagnosis, Evidence, Finding, NotEnoughData
 from diagnosis.regress import detect, num0, slo, slo_met
 from diagnosis.rules import RULE_CAUSES, RULES
@@ -119,6 +126,8 @@ def diagnose(
     intervals = None  # (first, split, end) interval indices when the sides are whole intervals
     if baseline is None:
         k = split_window(series, window, cfg)
+        if (stop := stopped_at(source, window, cfg)) is not None:
+            k = series.index_of(stop) + 1  # the instance's last interval stays in the baseline
         if k is None:
             note = "the window is too short to find a change point; give a baseline window"
             return Diagnosis(window, None, notes=(note,), data={"requests": found["requests"]})

@@ -314,6 +314,18 @@ GROUP BY instance, side
 ORDER BY instance, side
 """
 
+# Per instance inside one span: its requests and the times of its first and last (did one stop serving?).
+INSTANCE_SPAN = f"""
+SELECT instance,
+       count() AS requests,
+       toUnixTimestamp64Nano(min(time)) AS first_ns,
+       toUnixTimestamp64Nano(max(time)) AS last_ns
+FROM requests
+WHERE {_SPAN}
+GROUP BY instance
+ORDER BY instance
+"""
+
 # Per side: on how many instances each shared prompt prefix (a first-block key seen twice or more) landed,
 # on average. Routed by prefix, a prefix stays on one replica (more when the load bound spills it); scattered,
 # it lands on every replica: each one sees more distinct prefixes at unchanged prompts.

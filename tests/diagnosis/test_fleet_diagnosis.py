@@ -12,7 +12,8 @@ from collector.client import StoreReader
 from collector.store import Store
 from collector.timerange import TimeRange
 from diagnosis import diagnose
-from diagnosis.fleet import ScopedReader
+from diagnosis.config import DiagnosisConfig
+from diagnosis.fleet import ScopedReader, stopped_at
 
 IDS = ("r0", "r1", "r2")
 HOUR = 3600.0
@@ -55,6 +56,9 @@ CASES = {
         **{n: {"host_swings": SWINGS} for n in IDS},
     ),
     "lost": _fleet(3 * HOUR, {"r0": {"rate_rps": 4.5}, "r1": {"rate_rps": 4.5}}, r2={"duration_s": 120.0}),
+    # r2 stops at 170 s and its peers, far from their capacity, absorb its share: no latency moves, so a
+    # change point over the symptoms has nothing to find.
+    "lost_unnoticed": _fleet(9 * HOUR, {}, r2={"duration_s": 170.0}),
     # Routed by prefix, each replica receives 8 tenants, whose prefixes its cache holds; then routing stops
     # looking at the prefix: every replica receives all 24 and its cache, evicting, misses most of them.
     "scattered": _fleet(
@@ -147,6 +151,24 @@ def test_a_replica_that_stopped_serving_is_lost_capacity_on_it(source):
     assert top["cause"] == "lost_capacity" and top["scope"] == {
         "kind": "instances", "instances": ["r2"], "share_of_regression": pytest.approx(1 / 3, abs=0.05),
     }  # fmt: skip
+
+
+def test_a_replica_lost_without_a_symptom_is_found_at_its_stop_with_no_baseline_given(source):
+    t0 = CASES["lost_unnoticed"][0].t0
+    d = diagnose(source, TimeRange(t0, t0 + 240.0)).to_json()  # no baseline: as a user runs it
+    assert d["window"]["from"] == pytest.approx(t0 + 170.0, abs=2.0)  # split where r2 went silent
+    top = d["findings"][0]
+    assert top["cause"] == "lost_capacity" and top["scope"]["instances"] == ["r2"]
+    assert abs(top["onset"] - (t0 + 170.0)) <= 10.0
+
+
+def test_no_instance_stopped_in_a_fleet_that_kept_serving(source):
+    t0 = CASES["one_stalled"][0].t0
+    assert stopped_at(source, TimeRange(t0, t0 + 240.0), DiagnosisConfig()) is None
+    t0 = CASES["lost_unnoticed"][0].t0
+    assert stopped_at(source, TimeRange(t0, t0 + 240.0), DiagnosisConfig()) == pytest.approx(
+        t0 + 170.0, abs=1.0
+    )
 
 
 def test_shared_prompts_scattered_over_every_replica_is_cache_affinity_lost_fleet_wide(source):
