@@ -125,9 +125,9 @@ def diagnose(
     current = window
     intervals = None  # (first, split, end) interval indices when the sides are whole intervals
     if baseline is None:
-        k = split_window(series, window, cfg)
-        if (stop := stopped_at(source, window, cfg)) is not None:
-            k = series.index_of(stop) + 1  # the instance's last interval stays in the baseline
+        stop = stopped_at(source, window, cfg)
+        # a silent instance's last interval stays in the baseline; else the symptoms' change point
+        k = series.index_of(stop) + 1 if stop is not None else split_window(series, window, cfg)
         if k is None:
             note = "the window is too short to find a change point; give a baseline window"
             return Diagnosis(window, None, notes=(note,), data={"requests": found["requests"]})
