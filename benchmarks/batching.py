@@ -1,6 +1,6 @@
 """Continuous vs static batching vs Hugging Face `generate()`, and how close decode is to the roofline.
 
-    python benchmarks/batching.py [--num-requests 256] [--model small] [--rounds 3]
+    python benchmarks/batching.py [--num-requests 256] [--model small] [--rounds 3] [--device cuda]
 
 The same offline workload (prompt lengths uniform 32-512, output lengths uniform 16-512 with EOS
 ignored, all arriving at once, the same max_num_seqs) runs through continuous and static
@@ -59,6 +59,8 @@ def engine_config(args: argparse.Namespace, scheduling: str) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         kv_cache_bytes=args.kv_cache_gb * 2**30,
         num_threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
     )
 
 
@@ -81,17 +83,18 @@ def run_hf(core: EngineCore, workload: list[tuple[list[int], int]], batch_size: 
     from engine.loader import hf_config_dict, hf_state_dict
 
     model = core.runner.model
+    device, dtype = core.runner.device, core.runner.dtype
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config_dict(core.model_config)))
     hf.load_state_dict(hf_state_dict(model), strict=False)
-    hf.eval()
+    hf.to(device=device, dtype=dtype).eval()
     pad = 0
     start = time.perf_counter()
     produced = 0
     for i in range(0, len(workload), batch_size):
         batch = workload[i : i + batch_size]
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
         new = max(m for _, m in batch)
         with torch.inference_mode():
             hf.generate(
@@ -142,7 +145,8 @@ def batch1_roofline(core: EngineCore, steps: int = 80) -> tuple[float, float, fl
     percent from minute to minute, and a step and a bandwidth taken at different moments would compare
     a quiet instant with a busy one."""
     samples: list[float] = []
-    times = decode_step_times(core, 1, steps=steps, between=lambda: samples.append(copy_bandwidth()))
+    device = core.runner.device
+    times = decode_step_times(core, 1, steps=steps, between=lambda: samples.append(copy_bandwidth(device)))
     rounds = [statistics.median(times[i : i + ROUND_STEPS]) for i in range(0, steps, ROUND_STEPS)]
     roofline = statistics.median(core.weight_bytes / bw / t for bw, t in zip(samples, rounds, strict=True))
     return statistics.median(times) * 1000, statistics.median(samples), roofline
@@ -153,18 +157,22 @@ def decode_step_ms(core: EngineCore, batch: int) -> float:
     return statistics.median(decode_step_times(core, batch)) * 1000
 
 
-def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 3) -> float:
-    """Memory-copy bandwidth (B/s), the median of `repeats` copies, counting read plus write traffic (the
-    STREAM convention)."""
-    src = torch.ones(nbytes // 4)
+def copy_bandwidth(device: torch.device, nbytes: int = 512 * 2**20, repeats: int = 3) -> float:
+    """Memory-copy bandwidth (B/s) of `device`, the median of `repeats` copies, counting read plus write
+    traffic (the STREAM convention)."""
+    src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    return statistics.median(2 * nbytes / _timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return statistics.median(2 * nbytes / _timed(lambda: dst.copy_(src), device) for _ in range(repeats))
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -189,6 +197,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3, help="continuous/static rounds, ratio = median")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu|cuda|cuda:N (default: %(default)s)")
+    ap.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA)|fp32|bf16|fp16")
     args = ap.parse_args()
     load_before = os.getloadavg()
     cpu = cpu_info()
@@ -197,6 +207,9 @@ def main() -> None:
     workload = make_workload(args.num_requests, args.seed)
 
     core = EngineCore(engine_config(args, "continuous"))
+    if core.runner.device.type == "cuda":
+        gpu = torch.cuda.get_device_name(core.runner.device)
+        print(f"device: {gpu}; dtype {core.runner.dtype}", flush=True)
     kernels = linear_kernels(core)
     print(f"linear kernels: {kernels}", flush=True)
     b1_ms, bandwidth, roofline = batch1_roofline(core)
@@ -230,6 +243,9 @@ def main() -> None:
         "cpu_cores": cpu.cores,
         "cpu_isa": list(cpu.isa),
         "threads": args.threads,
+        "device": str(core.runner.device),
+        "gpu": torch.cuda.get_device_name(core.runner.device) if core.runner.device.type == "cuda" else None,
+        "dtype": str(core.runner.dtype).removeprefix("torch."),
         "linear_kernels": kernels,
         "continuous_tok_s": round(continuous, 1),
         "static_tok_s": round(static, 1),

@@ -37,8 +37,8 @@ def cpu_model() -> str:
 
 
 def short_commit() -> str:
-    """The checkout's short commit hash, with `+dirty` when it has uncommitted changes; "unknown" outside
-    git."""
+    """The checkout's short commit hash, with `+dirty` when it has uncommitted changes; outside git,
+    `$STEPSCOPE_COMMIT` (a copy of the tree run elsewhere) or "unknown"."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -47,7 +47,7 @@ def short_commit() -> str:
             ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("STEPSCOPE_COMMIT", "unknown")
     return f"{commit}+dirty" if dirty else commit
 
 
