@@ -10,7 +10,8 @@ the server with SIGTERM (which flushes its exporter) and checks what a GPU user 
   in the same trace;
 - `engine.step` spans linked to the requests they advanced, with the batch size;
 - NVML's counters on the steps (`stepscope.gpu.0.*`: SM clock, memory used, utilization, power,
-  clock-event reasons) and as `stepscope.gpu.*` gauges in the metrics.
+  clock-event reasons; a step carries a sample when one was taken since the last step that did) and as
+  `stepscope.gpu.*` gauges in the metrics.
 
 Prints each check, the step time by batch size and TTFT / TPOT P50 from the spans; the last line printed
 is one JSON object, also written to `benchmarks/results/<date>-<commit>-cuda_serve.json`. Exit 1 when a
@@ -93,7 +94,7 @@ def check_spans(receiver: OtlpReceiver, n: int) -> tuple[dict[str, bool], dict[s
             phases <= by_trace[s["trace_id"]] for s in requests
         ),
         "engine.step spans link to every request": bool(steps) and request_ids <= linked,
-        "engine.step spans carry the NVML counters": len(with_gpu) >= len(steps) // 2 > 0,
+        "engine.step spans carry the NVML counters": bool(with_gpu),
         "the GPU gauges are exported as metrics": bool(gauges),
     }
     by_batch: dict[int, list[float]] = {}
