@@ -18,7 +18,7 @@ Continuous and static alternate for `--rounds` rounds; `ratio` is the median of 
 listed in `ratio_rounds`), `vs_hf` the median continuous rate over the one generate() run.
 The machine (CPU model, instruction sets, cores) is printed first; the last line printed is one JSON
 object, also written with the machine, the load and the arguments to
-`benchmarks/results/<date>-<commit>-batching.json`.
+`benchmarks/results/<date>-<commit>-batching.json` (`batching-cuda.json` on a GPU).
 """
 
 from __future__ import annotations
@@ -263,7 +263,8 @@ def main() -> None:
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "decode_b1_roofline": round(roofline, 3),
     }
-    path = results.write("batching", result, vars(args), load_before)
+    name = "batching-cuda" if core.runner.device.type == "cuda" else "batching"
+    path = results.write(name, result, vars(args), load_before)
     print(f"written to {path}", file=sys.stderr)
     print(json.dumps(result))
 

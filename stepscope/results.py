@@ -37,8 +37,10 @@ def cpu_model() -> str:
 
 
 def short_commit() -> str:
-    """The checkout's short commit hash, with `+dirty` when it has uncommitted changes; outside git,
-    `$STEPSCOPE_COMMIT` (a copy of the tree run elsewhere) or "unknown"."""
+    """`$STEPSCOPE_COMMIT` when set (a copy of the tree run on another machine), else the checkout's short
+    commit hash, with `+dirty` when it has uncommitted changes; "unknown" outside git."""
+    if os.environ.get("STEPSCOPE_COMMIT"):
+        return os.environ["STEPSCOPE_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -47,7 +49,7 @@ def short_commit() -> str:
             ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("STEPSCOPE_COMMIT", "unknown")
+        return "unknown"
     return f"{commit}+dirty" if dirty else commit
 
 
