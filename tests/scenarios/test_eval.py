@@ -342,3 +342,10 @@ def test_result_files_are_dated_with_the_commit_machine_and_load(tmp_path: Path)
     assert doc["machine"]["cpu_model"] and doc["machine"]["cores"] >= 1
     assert doc["load_avg_before"] == [1.0, 2.0, 3.0] and len(doc["load_avg_after"]) == 3
     assert doc["arguments"] == {"grid": "quick", "out": "/x"} and doc["result"] == {"top1_dev": 1.0}
+
+
+def test_a_result_file_names_the_commit_it_is_told_when_run_from_a_copy(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_COMMIT", "61a7bd0")
+    path = results.write("batching-cuda", {"ratio": 1.4}, {}, (0.0, 0.0, 0.0), tmp_path)
+    assert path.name.endswith("-61a7bd0-batching-cuda.json")
+    assert json.loads(path.read_text())["commit"] == "61a7bd0"
