@@ -24,13 +24,13 @@ def _store_dir(run: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def scenario_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real scenario: `stepscope scenario run --fault prefix_cache_miss=1.0` on the tiny model, 60 s of
-    load with the fault at 30 s. Every request misses from the onset, and each side holds six 5 s blocks
-    for the diagnosis's autocorrelation-aware test. Its TTFT P50 p-value ranged over 5e-10..1e-5 in five
-    runs here with 20 s a side (one CI run found nothing), over 1e-12..2e-8 in three with 30 s."""
+    """A real scenario: `stepscope scenario run --fault prefix_cache_miss=1.0` on the tiny model, 90 s of
+    load with the fault at 45 s. Every request misses from the onset, and each side holds nine 5 s blocks
+    for the diagnosis's autocorrelation-aware test. With 30 s a side its TTFT P50 p-value ranged over
+    1e-12..2e-8 in three runs here, and one run of the whole suite found no regression."""
     run = tmp_path_factory.mktemp("scenario")
-    cmd = ["stepscope", "scenario", "run", "--fault", "prefix_cache_miss=1.0", "--onset", "30",
-           "--duration", "60", "--rate", "6", "--model", "tiny", "--out", str(run)]  # fmt: skip
+    cmd = ["stepscope", "scenario", "run", "--fault", "prefix_cache_miss=1.0", "--onset", "45",
+           "--duration", "90", "--rate", "6", "--model", "tiny", "--out", str(run)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, f"scenario failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     return run
