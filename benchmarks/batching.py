@@ -207,8 +207,9 @@ def main() -> None:
     workload = make_workload(args.num_requests, args.seed)
 
     core = EngineCore(engine_config(args, "continuous"))
-    if core.runner.device.type == "cuda":
-        gpu = torch.cuda.get_device_name(core.runner.device)
+    on_cuda = core.runner.device.type == "cuda"
+    gpu = torch.cuda.get_device_name(core.runner.device) if on_cuda else None
+    if gpu:
         print(f"device: {gpu}; dtype {core.runner.dtype}", flush=True)
     kernels = linear_kernels(core)
     print(f"linear kernels: {kernels}", flush=True)
@@ -244,7 +245,7 @@ def main() -> None:
         "cpu_isa": list(cpu.isa),
         "threads": args.threads,
         "device": str(core.runner.device),
-        "gpu": torch.cuda.get_device_name(core.runner.device) if core.runner.device.type == "cuda" else None,
+        "gpu": gpu,
         "dtype": str(core.runner.dtype).removeprefix("torch."),
         "linear_kernels": kernels,
         "continuous_tok_s": round(continuous, 1),
@@ -263,8 +264,7 @@ def main() -> None:
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "decode_b1_roofline": round(roofline, 3),
     }
-    name = "batching-cuda" if core.runner.device.type == "cuda" else "batching"
-    path = results.write(name, result, vars(args), load_before)
+    path = results.write("batching-cuda" if on_cuda else "batching", result, vars(args), load_before)
     print(f"written to {path}", file=sys.stderr)
     print(json.dumps(result))
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
 from instrumentation import attributes as A
+from loadgen.metrics import percentiles
 from stepscope.otlp_receiver import OtlpReceiver
 from stepscope.procs import Proc, free_port
 
@@ -65,14 +66,10 @@ async def send_all(url: str, model: str, n: int, concurrency: int) -> list[int]:
         return await asyncio.gather(*(one(http, i) for i in range(n)))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def ms_of(spans: list[dict], key: str) -> list[float]:
-    """Attribute `key` (seconds) of each span that has it, in milliseconds."""
-    return [s["attrs"][key] * 1000 for s in spans if key in s["attrs"]]
+def p50_ms(spans: list[dict], key: str) -> float | None:
+    """The median of attribute `key` (seconds) over the spans that have it, in milliseconds."""
+    p50 = percentiles((s["attrs"][key] for s in spans if key in s["attrs"]), (50,))["p50"]
+    return None if p50 is None else round(p50 * 1000, 3)
 
 
 def check_spans(receiver: OtlpReceiver, n: int) -> tuple[dict[str, bool], dict[str, object]]:
@@ -109,8 +106,8 @@ def check_spans(receiver: OtlpReceiver, n: int) -> tuple[dict[str, bool], dict[s
         "gpu_counters": {k.removeprefix(prefix): v for k, v in last.items() if k.startswith(prefix)},
         "gpu_gauges": gauges,
         "step_ms_p50_by_batch": {b: round(statistics.median(t), 3) for b, t in sorted(by_batch.items())},
-        "ttft_p50_ms": round(percentile(ms_of(requests, A.GEN_AI_LATENCY_TTFT), 0.5), 2),
-        "tpot_p50_ms": round(percentile(ms_of(requests, A.TPOT_MEAN_S), 0.5), 3),
+        "ttft_p50_ms": p50_ms(requests, A.GEN_AI_LATENCY_TTFT),
+        "tpot_p50_ms": p50_ms(requests, A.TPOT_MEAN_S),
     }
     return checks, figures
 

@@ -10,6 +10,7 @@ All scheduled tokens of all sequences are flattened into one varlen batch:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -65,7 +66,6 @@ class ModelRunner:
         takes = PagedDecodeKernel.supports(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
         self.decode_kernel = paged_decode() if cpu_fp32 and takes and not kv_int8 else None
         model.fused = fused_ops() if cpu_fp32 else None
-        self.sdpa_backends = CUDA_SDPA_BACKENDS if device.type == "cuda" else None
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -86,13 +86,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         input_ids, positions, meta, sample_rows, samplers = self._prepare(sched)
-        if self.sdpa_backends is None:
+        cuda = self.device.type == "cuda"
+        with sdpa_kernel(CUDA_SDPA_BACKENDS) if cuda else contextlib.nullcontext():
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, D]
-        else:
-            with sdpa_kernel(self.sdpa_backends):
-                hidden = self.model(input_ids, positions, self.kv_caches, meta)
         logits = self.model.compute_logits(hidden[sample_rows]) if samplers else None  # [N, V]
-        if self.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(self.device)  # so the forward's end is timed, not its launch
         forward_end_ns = time.monotonic_ns()
         if logits is None:

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from instrumentation import attributes as A
+from stepscope.otlp_receiver import OtlpReceiver
 from stepscope.procs import Proc
 from tests.support.net import free_port, wait_for
-from tests.support.otlp import OtlpReceiver
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 ADMIN = {"Authorization": "Bearer disagg-test"}

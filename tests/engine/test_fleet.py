@@ -15,9 +15,9 @@ from opentelemetry.trace import set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrumentation import attributes as A
+from stepscope.otlp_receiver import OtlpReceiver
 from tests.instrumentation.test_serve_otlp import Serve
 from tests.support.net import wait_for
-from tests.support.otlp import OtlpReceiver
 
 TOKEN = "fleet-admin"
 ADMIN = {"authorization": f"Bearer {TOKEN}"}

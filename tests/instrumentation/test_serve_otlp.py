@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from instrumentation import attributes as A
+from stepscope.otlp_receiver import OtlpReceiver
 from stepscope.procs import Proc
 from tests.support.net import free_port, wait_for
-from tests.support.otlp import OtlpReceiver
 
 STEPSCOPE = str(Path(sys.executable).with_name("stepscope"))
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
