@@ -63,6 +63,7 @@ class Localization:
     metric: str = ""  # the symptom localized (ttft, tpot, e2e)
     lost: tuple[str, ...] = ()  # served in the baseline, not in the current window
     spread: tuple[float, float] = (math.nan, math.nan)  # instances per shared prefix (baseline, current)
+    affinity: tuple[float, float] = (math.nan, math.nan)  # repeated prefixes where they went last (same)
     rows: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)  # per instance
 
     def scope(self) -> dict[str, Any]:
@@ -101,6 +102,19 @@ def prefix_spread(source: Reader, baseline: TimeRange, current: TimeRange) -> tu
     return out[0], out[1]
 
 
+def prefix_affinity(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[float, float]:
+    """(baseline, current) share of repeated prompt prefixes that landed on the instance they went to last
+    (queries.PREFIX_AFFINITY)."""
+    params = {"b0": int(baseline.start * 1e9), "b1": int(baseline.end * 1e9)}
+    params |= {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9)}
+    result = source.query(queries.PREFIX_AFFINITY, params)
+    out = [math.nan, math.nan]
+    for row in result.rows:
+        rec = dict(zip(result.columns, row, strict=True))
+        out[int(num(rec["side"]))] = num(rec["affinity"])
+    return out[0], out[1]
+
+
 def localize(source: Reader, facts: Any) -> Localization:
     """Fleet-wide or on some instances: see the module docstring. `facts`: the whole scope's Facts."""
     cfg = facts.config
@@ -108,8 +122,11 @@ def localize(source: Reader, facts: Any) -> Localization:
     rows = instance_rows(source, facts.baseline, facts.window)
     names = sorted(rows)
     lost = tuple(n for n in names if _lost(rows[n], facts, cfg.lost_instance_share))
-    spread = prefix_spread(source, facts.baseline, facts.window) if len(names) > 1 else (math.nan, math.nan)
-    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, rows)
+    spread = affinity = (math.nan, math.nan)
+    if len(names) > 1:
+        spread = prefix_spread(source, facts.baseline, facts.window)
+        affinity = prefix_affinity(source, facts.baseline, facts.window)
+    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, affinity, rows)
     serving = [n for n in names if n not in lost and _nan0(num(rows[n][1].get("requests"))) > 0]
     if len(serving) < 2 or not facts.regressions:
         return fleet
@@ -133,7 +150,7 @@ def localize(source: Reader, facts: Any) -> Localization:
         floor = math.log1p(cfg.localize_min_lift)
         gap = min(lift[n] for n in top) / max(max(lift[n] for n in rest), floor)
         if share >= cfg.localize_share and gap >= cfg.localize_lift_gap:
-            return Localization("instances", tuple(sorted(top)), share, metric, lost, spread, rows)
+            return Localization("instances", tuple(sorted(top)), share, metric, lost, spread, affinity, rows)
     return fleet
 
 

@@ -342,6 +342,25 @@ GROUP BY side
 ORDER BY side
 """
 
+# Of the requests whose prompt prefix had come before (anywhere in the fleet, in either window), the share
+# that landed on the instance the prefix went to last: near 1 while a router keeps prefixes where their
+# blocks are cached, about 1/instances once it scatters them. Unlike the instances a prefix lands on, it
+# does not grow with a window's length.
+PREFIX_AFFINITY = f"""
+SELECT side, avg(instance = previous) AS affinity, count() AS repeats
+FROM (
+    SELECT {_SIDE}, instance,
+           lagInFrame(instance) OVER (PARTITION BY prefix_key ORDER BY time
+                                      ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS previous,
+           row_number() OVER (PARTITION BY prefix_key ORDER BY time) AS k
+    FROM requests
+    WHERE {_SIDES_WHERE} AND prefix_key != ''
+)
+WHERE k > 1
+GROUP BY side
+ORDER BY side
+"""
+
 # Decode-only step time by batch size in the current window, the given instances against the others:
 # the same batch size on healthy peers in the same window is the comparison that needs no baseline.
 PEER_STEPS = f"""

@@ -1,9 +1,9 @@
 """cache_affinity_lost: the same prompts, scattered over the replicas: every replica's cache reuse falls.
 
 Evidence: the cached share of prompt tokens fell fleet-wide and on most serving instances (it rose on none
-that held its share of the reuse before), and each shared prompt prefix landed on more instances
-(`affinity_keys_ratio`; each instance sees more distinct prefixes) while the fleet's distinct keys per
-request and the prompt lengths stayed put.
+that held its share of the reuse before), and a repeated prompt prefix stopped landing where it went last
+(the affinity share fell by `affinity_ratio`: each shared prefix reaches more instances) while the fleet's
+distinct keys per request and the prompt lengths stayed put.
 Told apart from prefix_cache_miss, where the prompts themselves changed (the fleet's distinct keys per
 request rise).
 """
@@ -24,16 +24,17 @@ LEVER = (
 
 
 def scattered(facts: Facts) -> tuple[float, float] | None:
-    """(baseline, current) instances per shared prompt prefix when the same prompts were scattered over
-    more instances (None otherwise). Shared with prefix_cache_miss, its look-alike."""
+    """(baseline, current) share of repeated prompt prefixes that landed where they went last, when the
+    same prompts were scattered over more instances (None otherwise). Shared with prefix_cache_miss, its
+    look-alike."""
     loc, cfg = facts.fleet, facts.config
     if loc is None or len(loc.rows) - len(loc.lost) < 2:
         return None
-    sb, sc = loc.spread
+    ab, ac = loc.affinity
     fleet_keys = facts.req_ratio("prefix_keys_per_request", math.inf)
-    if not (sb > 0 and sc >= cfg.affinity_keys_ratio * sb and fleet_keys <= cfg.steady_prompt_ratio):
+    if not (ab > 0 and ac * cfg.affinity_ratio <= ab and fleet_keys <= cfg.steady_prompt_ratio):
         return None
-    return sb, sc
+    return ab, ac
 
 
 def evaluate(facts: Facts) -> Finding | None:
@@ -65,11 +66,12 @@ def evaluate(facts: Facts) -> Finding | None:
         CAUSE,
         symptoms=symptoms,
         share=share,
-        strength_=max(strength(keys[1] / keys[0], cfg.affinity_keys_ratio), 0.9),
+        strength_=max(strength(keys[0] / keys[1] if keys[1] > 0 else math.inf, cfg.affinity_ratio), 0.9),
         onset_series="cached_share",
         evidence=[
             Evidence("cached_token_share", cb, cc),
-            Evidence("instances_per_shared_prefix", *keys),
+            Evidence("prefix_affinity_share", *keys),
+            Evidence("instances_per_shared_prefix", *loc.spread),
             Evidence("prefix_keys_per_request", *facts.req_pair("prefix_keys_per_request")),
             Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
         ]
@@ -80,6 +82,6 @@ def evaluate(facts: Facts) -> Finding | None:
             for n in serving
         ],
         lever=LEVER,
-        summary=f"cached share {cb:.0%} -> {cc:.0%} on every replica; a shared prefix now lands on "
-        f"{keys[1]:.1f} replicas (was {keys[0]:.1f}) at unchanged prompts",
+        summary=f"cached share {cb:.0%} -> {cc:.0%} on every replica; {keys[1]:.0%} of repeated prefixes "
+        f"land where they went last (was {keys[0]:.0%}) at unchanged prompts",
     )

@@ -178,6 +178,8 @@ def test_shared_prompts_scattered_over_every_replica_is_cache_affinity_lost_flee
     assert top["scope"]["kind"] == "fleet" and top["scope"]["instances"] == list(IDS)
     ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
     assert ev["instances_per_shared_prefix"] == (pytest.approx(1.0), pytest.approx(3.0, abs=0.1))
+    # a repeated prefix went where it went last; scattered over three replicas, about a third of the time
+    assert ev["prefix_affinity_share"] == (pytest.approx(1.0), pytest.approx(1 / 3, abs=0.1))
     for key in ["cached_token_share"] + [f"cached_token_share[{n}]" for n in IDS]:
         before, now = ev[key]
         assert before > 0.6 and before - now > 0.3, key  # every replica's cache reuse fell
