@@ -10,10 +10,15 @@ Batches are inserted in groups. Before a group's insert, a manifest (`groups/<to
 de-duplication token and its entries) is fsynced; after the insert, the entries and then the manifest are
 removed. A crash anywhere in between leaves the manifest, and the group is replayed exactly as it was, with
 the same token, so ClickHouse drops whatever part of it had already gone in.
+
+The spool lists its directory once, on open, and then keeps the list itself: the insert thread asks for
+the pending batches each time a batch arrives, and listing and stat-ing a few hundred files each time cost
+more CPU than writing them. A file moved into the directory by hand is seen at the next open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -49,14 +54,16 @@ class Spool:
         self._lock = threading.Lock()
         self._bytes = 0
         self._count = 0
+        self._entries: dict[str, Entry] = {}  # file name -> entry, of the batches written and not removed
 
     def open(self) -> Spool:
         """Create the directory, drop unacknowledged temporary files, count what is pending."""
         self.groups_directory.mkdir(parents=True, exist_ok=True)
         for tmp in [*self.directory.glob(".tmp-*"), *self.groups_directory.glob(".tmp-*")]:
             tmp.unlink(missing_ok=True)
-        entries = self.pending()
+        entries = self._listed()
         with self._lock:
+            self._entries = {e.path.name: e for e in entries}
             self._count = len(entries)
             self._bytes = sum(e.size for e in entries)
         return self
@@ -100,10 +107,20 @@ class Spool:
                 self._bytes -= len(payload)
                 self._count -= 1
             raise
-        return Entry(final, signal, token, len(payload))
+        entry = Entry(final, signal, token, len(payload))
+        with self._lock:
+            self._entries[name] = entry
+        return entry
 
     def pending(self) -> list[Entry]:
         """Spooled batches, oldest first."""
+        with self._lock:
+            entries = list(self._entries.values())
+        entries.sort(key=lambda e: e.path.name)
+        return entries
+
+    def _listed(self) -> list[Entry]:
+        """The batches in the directory, oldest first."""
         out = []
         for path in sorted(self.directory.glob("*.otlp")):
             m = _NAME.fullmatch(path.name)
@@ -119,23 +136,24 @@ class Spool:
 
     def remove(self, entry: Entry) -> None:
         """Forget a batch once the store has it."""
-        try:
+        with contextlib.suppress(FileNotFoundError):  # removed by hand: forget it all the same
             entry.path.unlink()
-        except FileNotFoundError:
-            return
-        with self._lock:
-            self._bytes -= entry.size
-            self._count -= 1
+        self._forget(entry)
 
     def set_aside(self, entry: Entry) -> Path:
         """Move a batch the store keeps refusing to `failed/`, out of the drain loop but still on disk."""
         self.failed_directory.mkdir(exist_ok=True)
         target = self.failed_directory / entry.path.name
-        os.replace(entry.path, target)
-        with self._lock:
-            self._bytes -= entry.size
-            self._count -= 1
+        with contextlib.suppress(FileNotFoundError):  # removed by hand: nothing to keep
+            os.replace(entry.path, target)
+        self._forget(entry)
         return target
+
+    def _forget(self, entry: Entry) -> None:
+        with self._lock:
+            if self._entries.pop(entry.path.name, None) is not None:
+                self._bytes -= entry.size
+                self._count -= 1
 
     # --- groups ---------------------------------------------------------------------------------------
     def write_group(self, token: str, entries: list[Entry]) -> Path:
