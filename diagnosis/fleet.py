@@ -92,26 +92,26 @@ def instance_rows(
 
 def prefix_spread(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[float, float]:
     """(baseline, current) mean number of instances a shared prompt prefix landed on."""
-    params = {"b0": int(baseline.start * 1e9), "b1": int(baseline.end * 1e9)}
-    params |= {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9)}
-    result = source.query(queries.SHARED_PREFIX_SPREAD, params)
-    out = [math.nan, math.nan]
-    for row in result.rows:
-        rec = dict(zip(result.columns, row, strict=True))
-        out[int(num(rec["side"]))] = num(rec["instances_per_prefix"])
-    return out[0], out[1]
+    return _per_side(source, queries.SHARED_PREFIX_SPREAD, "instances_per_prefix", baseline, current)
 
 
 def prefix_affinity(source: Reader, baseline: TimeRange, current: TimeRange) -> tuple[float, float]:
     """(baseline, current) share of repeated prompt prefixes that landed on the instance they went to last
     (queries.PREFIX_AFFINITY)."""
+    return _per_side(source, queries.PREFIX_AFFINITY, "affinity", baseline, current)
+
+
+def _per_side(
+    source: Reader, sql: str, column: str, baseline: TimeRange, current: TimeRange
+) -> tuple[float, float]:
+    """`column` of a query that returns one row per side (0 baseline, 1 current); NaN for a missing side."""
     params = {"b0": int(baseline.start * 1e9), "b1": int(baseline.end * 1e9)}
     params |= {"c0": int(current.start * 1e9), "c1": int(current.end * 1e9)}
-    result = source.query(queries.PREFIX_AFFINITY, params)
+    result = source.query(sql, params)
     out = [math.nan, math.nan]
     for row in result.rows:
         rec = dict(zip(result.columns, row, strict=True))
-        out[int(num(rec["side"]))] = num(rec["affinity"])
+        out[int(num(rec["side"]))] = num(rec[column])
     return out[0], out[1]
 
 
