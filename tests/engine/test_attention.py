@@ -34,30 +34,32 @@ def _run_case(
     seed: int = 0,
     workspace: Workspace | None = None,
     decode_kernel: PagedDecodeKernel | None = None,
+    head_dim: int = HEAD_DIM,
+    block_size: int = BLOCK_SIZE,
 ):
     """specs: (query_len, seq_len) per sequence. Cached prefixes are written into random blocks first.
 
     Returns the paged output [T, H, Dh], the dense reference [T, H, Dh], and the cache and new K/V.
     """
     gen = torch.Generator().manual_seed(seed)
-    scale = HEAD_DIM**-0.5
-    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    scale = head_dim**-0.5
+    cache = torch.zeros(2, NUM_BLOCKS, block_size, num_kv_heads, head_dim)
     free_blocks = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
     tables, qs, ks, vs, expected = [], [], [], [], []
     for qlen, slen in specs:
-        table = [free_blocks.pop() for _ in range(-(-slen // BLOCK_SIZE))]
+        table = [free_blocks.pop() for _ in range(-(-slen // block_size))]
         tables.append(table)
-        full_k = torch.randn(slen, num_kv_heads, HEAD_DIM, generator=gen)
-        full_v = torch.randn(slen, num_kv_heads, HEAD_DIM, generator=gen)
+        full_k = torch.randn(slen, num_kv_heads, head_dim, generator=gen)
+        full_v = torch.randn(slen, num_kv_heads, head_dim, generator=gen)
         for p in range(slen - qlen):  # the cached prefix, as earlier steps would have left it
-            cache[0, table[p // BLOCK_SIZE], p % BLOCK_SIZE] = full_k[p]
-            cache[1, table[p // BLOCK_SIZE], p % BLOCK_SIZE] = full_v[p]
-        q = torch.randn(qlen, num_heads, HEAD_DIM, generator=gen)
+            cache[0, table[p // block_size], p % block_size] = full_k[p]
+            cache[1, table[p // block_size], p % block_size] = full_v[p]
+        q = torch.randn(qlen, num_heads, head_dim, generator=gen)
         qs.append(q)
         ks.append(full_k[slen - qlen :])
         vs.append(full_v[slen - qlen :])
         expected.append(dense_attention_reference(q, full_k, full_v, scale))
-    meta = make_attention_metadata([q for q, _ in specs], [s for _, s in specs], tables, BLOCK_SIZE)
+    meta = make_attention_metadata([q for q, _ in specs], [s for _, s in specs], tables, block_size)
     meta.workspace = workspace
     meta.decode_kernel = decode_kernel
     k, v = torch.cat(ks), torch.cat(vs)
@@ -88,6 +90,22 @@ def test_paged_attention_equals_dense_reference(
     case: str, heads: tuple[int, int], decode_kernel: PagedDecodeKernel | None
 ) -> None:
     out, expected, *_ = _run_case(CASES[case], *heads, decode_kernel=decode_kernel)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "block_size"),
+    [(12, 4), (64, 24), (128, 16), (32, 5)],
+    # 12: no vector width divides it; 24 and 5: a block the vector chunks do not tile, so chunks and
+    # the prefetch of the next one cross block boundaries; 128: several vectors per head
+)
+@pytest.mark.parametrize("case", ["decode_spread_lengths", "decode_many"])
+def test_head_dims_and_block_sizes_beyond_the_usual_equal_the_reference(
+    case: str, head_dim: int, block_size: int, decode_kernel: PagedDecodeKernel | None
+) -> None:
+    out, expected, *_ = _run_case(
+        CASES[case], 8, 2, decode_kernel=decode_kernel, head_dim=head_dim, block_size=block_size
+    )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
