@@ -31,6 +31,7 @@ from stepscope.native import build_library
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.c", "fused_ops.c", "linear.c")]
+HEADERS = [Path(__file__).with_name("vec.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
 BUILD_TIMEOUT_S = 120
 
@@ -257,8 +258,10 @@ class FusedOps:
 
 
 def _build(sources: list[Path]) -> Path:
-    """Compile `sources` into one shared library (once per sources, flags, compiler and CPU); its path."""
-    return build_library("stepscope-kernels", sources, FLAGS, BUILD_TIMEOUT_S, _cpu_fingerprint())
+    """Compile `sources` into one shared library (once per sources, the headers they share, flags,
+    compiler and CPU); its path."""
+    key = _cpu_fingerprint() + b"".join(h.read_bytes() for h in HEADERS)
+    return build_library("stepscope-kernels", sources, FLAGS, BUILD_TIMEOUT_S, key)
 
 
 def _cpu_fingerprint() -> bytes:

@@ -19,22 +19,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define LANES 16
+#include "vec.h"
+
+#if LANES == 16
 #define ROWS 12
-#elif defined(__AVX__)
-#define LANES 8
-#define ROWS 6
 #else
-#define LANES 4
 #define ROWS 6
 #endif
 #define PANEL (2 * LANES)
 #define CHUNK_BYTES 65536 /* weights a thread takes at a time */
-
-typedef float vec __attribute__((vector_size(LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
-
-static inline vec load(const float *p) { return *(const vec *)p; }
 
 int64_t linear_panel_width(void) { return PANEL; }
 
@@ -45,8 +38,8 @@ static inline __attribute__((always_inline)) void store(const vec acc[][2], int 
     float padded[PANEL] = {0};
     if (bias) {
         memcpy(padded, bias, (size_t)cols * sizeof(float));
-        b0 = load(padded);
-        b1 = load(padded + LANES);
+        b0 = vload(padded);
+        b1 = vload(padded + LANES);
     }
     for (int r = 0; r < rows; r++) {
         const vec lo = acc[r][0] + b0, hi = acc[r][1] + b1;
@@ -70,7 +63,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
     vec acc[ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = (vec){0};
     for (int64_t i = 0; i < k; i++) {
-        const vec w0 = load(panel + i * PANEL), w1 = load(panel + i * PANEL + LANES);
+        const vec w0 = vload(panel + i * PANEL), w1 = vload(panel + i * PANEL + LANES);
         for (int r = 0; r < rows; r++) {
             const float xi = x[r * x_stride + i];
             acc[r][0] += xi * w0;
@@ -87,10 +80,10 @@ static void tile_1x2(const float *x, const float *panel, int64_t k, float *y, in
     vec acc[2][2] = {{{0}, {0}}, {{0}, {0}}};
     for (int64_t i = 0; i < k; i++) {
         const float xi = x[i];
-        acc[0][0] += xi * load(panel + i * PANEL);
-        acc[0][1] += xi * load(panel + i * PANEL + LANES);
-        acc[1][0] += xi * load(next + i * PANEL);
-        acc[1][1] += xi * load(next + i * PANEL + LANES);
+        acc[0][0] += xi * vload(panel + i * PANEL);
+        acc[0][1] += xi * vload(panel + i * PANEL + LANES);
+        acc[1][0] += xi * vload(next + i * PANEL);
+        acc[1][1] += xi * vload(next + i * PANEL + LANES);
     }
     store(acc, 1, y, 0, PANEL, bias);
     store(acc + 1, 1, y + PANEL, 0, cols - PANEL, bias ? bias + PANEL : bias);

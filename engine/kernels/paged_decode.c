@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16 /* the scalar path's independent sums */
+#include "vec.h"
+
+#define SUMS 16 /* the scalar path's independent sums */
 #define MAX_GROUP 32   /* query heads per KV head */
 #define MAX_QUERIES 64 /* query heads one task attends: a KV head's group, or a whole decode's */
 #define MAX_DIM 256
@@ -31,12 +33,12 @@
 
 static inline float dot(const float *a, const float *b, int64_t d) {
     /* independent lanes, so the compiler vectorizes without reordering a single sum */
-    float acc[LANES] = {0};
+    float acc[SUMS] = {0};
     int64_t i = 0;
-    for (; i + LANES <= d; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i + SUMS <= d; i += SUMS)
+        for (int j = 0; j < SUMS; j++) acc[j] += a[i + j] * b[i + j];
     float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += acc[j];
+    for (int j = 0; j < SUMS; j++) s += acc[j];
     for (; i < d; i++) s += a[i] * b[i];
     return s;
 }
@@ -97,7 +99,6 @@ static void attend_span_scalar(const float *q, const float *k_cache, const float
     }
 }
 
-
 /* The vector path: a chunk of up to VL consecutive tokens of one block at a time. Each key row is read
  * once, in memory order, into VL-lane partial products per query head; a transpose-and-add tree then sums
  * the lanes of all VL keys at once (VL - 1 two-source shuffles and adds, against a horizontal sum per key),
@@ -106,55 +107,41 @@ static void attend_span_scalar(const float *q, const float *k_cache, const float
  * chunk's K and V rows are prefetched through the block table: blocks of a long-running batch lie
  * scattered over the cache, where the hardware prefetcher stops at every block's end. Taken where the head
  * dim is a multiple of the vector width (-march=native: 16 floats with AVX-512, 8 with AVX, else 4). */
-#if defined(__AVX512F__)
-#define VL 16
-#elif defined(__AVX__)
-#define VL 8
-#else
-#define VL 4
-#endif
+#define VL LANES
 #define MAX_NV (MAX_DIM / VL)
-
-typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
-typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
-
-static inline vf vload(const float *p) { return *(const vf *)p; }
-static inline void vstore(float *p, vf x) { *(vf *)p = x; }
-static inline vf vsplat(float x) { return (vf){0} + x; }
-static inline vf vselect(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 /* Shuffle masks of the transpose-and-add tree, level by level (segment sizes VL/2 .. 1): output lane p
  * takes segment p / (2 s) of the first operand's low or high half, then of the second's. */
 #if VL == 16
-static const vi TREE_LO[4] = {
+static const ivec TREE_LO[4] = {
     {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
     {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
     {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
     {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
 #define TREE_LEVELS 4
-static const vi TREE_HALVES[4] = {
+static const ivec TREE_HALVES[4] = {
     {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
     {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
     {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
     {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
 #elif VL == 8
-static const vi TREE_LO[3] = {
+static const ivec TREE_LO[3] = {
     {0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
 #define TREE_LEVELS 3
-static const vi TREE_HALVES[3] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
+static const ivec TREE_HALVES[3] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
 #else
-static const vi TREE_LO[2] = {{0, 1, 4, 5}, {0, 4, 2, 6}};
+static const ivec TREE_LO[2] = {{0, 1, 4, 5}, {0, 4, 2, 6}};
 #define TREE_LEVELS 2
-static const vi TREE_HALVES[2] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
+static const ivec TREE_HALVES[2] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
 #endif
 
 /* lane j of the result = the sum of p[j]'s lanes; p is consumed. */
-static inline __attribute__((always_inline)) vf sum_lanes_of_each(vf p[VL]) {
+static inline __attribute__((always_inline)) vec sum_lanes_of_each(vec p[VL]) {
     int m = VL;
 #pragma GCC unroll 4
     for (int level = 0; level < TREE_LEVELS; level++) {
         const int half = m / 2;
-        const vi lo = TREE_LO[level], hi = lo + half;
+        const ivec lo = TREE_LO[level], hi = lo + half;
 #pragma GCC unroll 8
         for (int i = 0; i < half; i++) p[i] = __builtin_shuffle(p[i], p[i + half], lo) + __builtin_shuffle(p[i], p[i + half], hi);
         m = half;
@@ -163,39 +150,19 @@ static inline __attribute__((always_inline)) vf sum_lanes_of_each(vf p[VL]) {
 }
 
 /* the largest and the sum of the lanes, by halving */
-static inline float hmax(vf x) {
+static inline float hmax(vec x) {
 #pragma GCC unroll 4
     for (int level = 0; level < TREE_LEVELS; level++) {
-        const vf y = __builtin_shuffle(x, TREE_HALVES[level]);
+        const vec y = __builtin_shuffle(x, TREE_HALVES[level]);
         x = vselect(y > x, y, x);
     }
     return x[0];
 }
 
-static inline float hsum(vf x) {
+static inline float hsum(vec x) {
 #pragma GCC unroll 4
     for (int level = 0; level < TREE_LEVELS; level++) x += __builtin_shuffle(x, TREE_HALVES[level]);
     return x[0];
-}
-
-/* e^x for x <= 0 lane by lane (Cephes' single-precision polynomial after reducing by powers of two:
- * within about 2 ulp of expf); lanes below -87 come out as the smallest normal floats' neighbourhood, and
- * the caller zeroes masked lanes itself. */
-static inline vf vexp(vf x) {
-    const vf lo = vsplat(-87.0f);
-    x = vselect(x < lo, lo, x);
-    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const vf n = (x * 1.44269504088896341f + magic) - magic;
-    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf y = vsplat(1.9875691500e-4f);
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    return y * (vf)bits;
 }
 
 /* the K row at k (its `floats` floats of this task's heads) and the V row `to_v` floats on, into L2 */
@@ -209,7 +176,7 @@ static inline void prefetch_rows(const float *k, int64_t to_v, int64_t floats) {
 /* acc [nv vectors] += sum over the chunk's first n keys of w[j] * v row j */
 static inline __attribute__((always_inline)) void chunk_values(float *acc, const float *w, const float *v,
                                                                int64_t row, int64_t n, const int nv) {
-    vf a[MAX_NV];
+    vec a[MAX_NV];
     for (int c = 0; c < nv; c++) a[c] = vload(acc + c * VL);
     for (int64_t j = 0; j < n; j++) {
         const float wj = w[j];
@@ -224,8 +191,8 @@ static inline __attribute__((always_inline)) void attend_span_vec(
     int64_t dim, int64_t block_size, float scale, float *acc, float *run_max, float *run_sum, const int nv) {
     const int64_t queries = kv_count * group;
     float weights[MAX_QUERIES][VL] __attribute__((aligned(64)));
-    vf partial[MAX_QUERIES][VL];
-    vi lane;
+    vec partial[MAX_QUERIES][VL];
+    ivec lane;
     for (int j = 0; j < VL; j++) lane[j] = j;
     for (int64_t qi = 0; qi < queries; qi++) {
         memset(acc + qi * dim, 0, (size_t)dim * sizeof(float));
@@ -240,7 +207,7 @@ static inline __attribute__((always_inline)) void attend_span_vec(
         const int64_t base = (table[first / block_size] * block_size + offset) * row + kv_head * dim;
         const float *k = k_cache + base, *v = v_cache + base;
         /* lanes of real keys: within the chunk and at or after the left padding */
-        const vi valid = (lane < (int32_t)n) & (lane >= (int32_t)(key_start - first < -1 ? -1 : key_start - first));
+        const ivec valid = (lane < (int32_t)n) & (lane >= (int32_t)(key_start - first < -1 ? -1 : key_start - first));
         /* where the next chunk's rows lie (it may start a new block or cross into one) */
         const float *next[VL];
         int64_t next_n = 0;
@@ -255,7 +222,7 @@ static inline __attribute__((always_inline)) void attend_span_vec(
             for (int64_t h = 0, qi = 0; h < kv_count; h++)
                 for (int64_t gi = 0; gi < group; gi++, qi++) {
                     const float *qq = q + qi * dim, *kh = kr + h * dim;
-                    vf p0 = (vf){0}, p1 = (vf){0}; /* two chains of adds */
+                    vec p0 = (vec){0}, p1 = (vec){0}; /* two chains of adds */
                     int c = 0;
                     for (; c + 1 < nv; c += 2) {
                         p0 += vload(qq + c * VL) * vload(kh + c * VL);
@@ -267,13 +234,13 @@ static inline __attribute__((always_inline)) void attend_span_vec(
         }
         for (int64_t j = n; j < next_n; j++) prefetch_rows(next[j], v_cache - k_cache, span_floats);
         for (int64_t j = n; j < VL; j++)
-            for (int64_t qi = 0; qi < queries; qi++) partial[qi][j] = (vf){0};
+            for (int64_t qi = 0; qi < queries; qi++) partial[qi][j] = (vec){0};
         for (int64_t qi = 0; qi < queries; qi++) {
-            vf s = sum_lanes_of_each(partial[qi]);
+            vec s = sum_lanes_of_each(partial[qi]);
             s = vselect(valid, s * scale, vsplat(-INFINITY));
             const float chunk_max = hmax(s);
             if (chunk_max == -INFINITY) { /* every key masked: weighs nothing */
-                vstore(weights[qi], (vf){0});
+                vstore(weights[qi], (vec){0});
                 continue;
             }
             if (chunk_max > run_max[qi]) {
@@ -282,7 +249,7 @@ static inline __attribute__((always_inline)) void attend_span_vec(
                 scale_row(acc + qi * dim, shrink, dim);
                 run_max[qi] = chunk_max;
             }
-            const vf w = vselect(valid, vexp(s - run_max[qi]), (vf){0});
+            const vec w = vselect(valid, vexp(s - run_max[qi]), (vec){0});
             run_sum[qi] += hsum(w);
             vstore(weights[qi], w);
         }
