@@ -56,9 +56,9 @@ static inline void scale_row(float *y, float a, int64_t d) {
  * block raised a maximum, then the weighted values. K and V rows are read in cache order (token, then
  * head), each once. Leaves the unnormalised sums: acc [queries, dim], run_max and run_sum [queries]. */
 static void attend_span_scalar(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
-                        int64_t key_start, int64_t begin, int64_t end, int64_t kv_head, int64_t kv_count,
-                        int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
-                        float *acc, float *run_max, float *run_sum) {
+                               int64_t key_start, int64_t begin, int64_t end, int64_t kv_head, int64_t kv_count,
+                               int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                               float *acc, float *run_max, float *run_sum) {
     const int64_t queries = kv_count * group; /* query head qi reads KV head kv_head + qi / group */
     float scores[MAX_QUERIES][MAX_BLOCK];
     for (int64_t qi = 0; qi < queries; qi++) {
@@ -99,20 +99,19 @@ static void attend_span_scalar(const float *q, const float *k_cache, const float
     }
 }
 
-/* The vector path: a chunk of up to VL consecutive tokens of one block at a time. Each key row is read
- * once, in memory order, into VL-lane partial products per query head; a transpose-and-add tree then sums
- * the lanes of all VL keys at once (VL - 1 two-source shuffles and adds, against a horizontal sum per key),
+/* The vector path: a chunk of up to LANES consecutive tokens of one block at a time. Each key row is read
+ * once, in memory order, into LANES-lane partial products per query head; a transpose-and-add tree then sums
+ * the lanes of all LANES keys at once (LANES - 1 two-source shuffles and adds, against a horizontal sum per key),
  * so a query head's chunk scores come out as one vector; the softmax weights are one vectorised exp over
  * it, and the values are accumulated with each weight broadcast. While a chunk's keys are scored, the next
  * chunk's K and V rows are prefetched through the block table: blocks of a long-running batch lie
  * scattered over the cache, where the hardware prefetcher stops at every block's end. Taken where the head
  * dim is a multiple of the vector width (-march=native: 16 floats with AVX-512, 8 with AVX, else 4). */
-#define VL LANES
-#define MAX_NV (MAX_DIM / VL)
+#define MAX_NV (MAX_DIM / LANES)
 
-/* Shuffle masks of the transpose-and-add tree, level by level (segment sizes VL/2 .. 1): output lane p
+/* Shuffle masks of the transpose-and-add tree, level by level (segment sizes LANES/2 .. 1): output lane p
  * takes segment p / (2 s) of the first operand's low or high half, then of the second's. */
-#if VL == 16
+#if LANES == 16
 static const ivec TREE_LO[4] = {
     {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
     {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
@@ -124,7 +123,7 @@ static const ivec TREE_HALVES[4] = {
     {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
     {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
     {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
-#elif VL == 8
+#elif LANES == 8
 static const ivec TREE_LO[3] = {
     {0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
 #define TREE_LEVELS 3
@@ -136,8 +135,8 @@ static const ivec TREE_HALVES[2] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
 #endif
 
 /* lane j of the result = the sum of p[j]'s lanes; p is consumed. */
-static inline __attribute__((always_inline)) vec sum_lanes_of_each(vec p[VL]) {
-    int m = VL;
+static inline __attribute__((always_inline)) vec sum_lanes_of_each(vec p[LANES]) {
+    int m = LANES;
 #pragma GCC unroll 4
     for (int level = 0; level < TREE_LEVELS; level++) {
         const int half = m / 2;
@@ -177,12 +176,12 @@ static inline void prefetch_rows(const float *k, int64_t to_v, int64_t floats) {
 static inline __attribute__((always_inline)) void chunk_values(float *acc, const float *w, const float *v,
                                                                int64_t row, int64_t n, const int nv) {
     vec a[MAX_NV];
-    for (int c = 0; c < nv; c++) a[c] = vload(acc + c * VL);
+    for (int c = 0; c < nv; c++) a[c] = vload(acc + c * LANES);
     for (int64_t j = 0; j < n; j++) {
         const float wj = w[j];
-        for (int c = 0; c < nv; c++) a[c] += wj * vload(v + j * row + c * VL);
+        for (int c = 0; c < nv; c++) a[c] += wj * vload(v + j * row + c * LANES);
     }
-    for (int c = 0; c < nv; c++) vstore(acc + c * VL, a[c]);
+    for (int c = 0; c < nv; c++) vstore(acc + c * LANES, a[c]);
 }
 
 static inline __attribute__((always_inline)) void attend_span_vec(
@@ -190,10 +189,10 @@ static inline __attribute__((always_inline)) void attend_span_vec(
     int64_t begin, int64_t end, int64_t kv_head, int64_t kv_count, int64_t group, int64_t num_kv_heads,
     int64_t dim, int64_t block_size, float scale, float *acc, float *run_max, float *run_sum, const int nv) {
     const int64_t queries = kv_count * group;
-    float weights[MAX_QUERIES][VL] __attribute__((aligned(64)));
-    vec partial[MAX_QUERIES][VL];
+    float weights[MAX_QUERIES][LANES] __attribute__((aligned(64)));
+    vec partial[MAX_QUERIES][LANES];
     ivec lane;
-    for (int j = 0; j < VL; j++) lane[j] = j;
+    for (int j = 0; j < LANES; j++) lane[j] = j;
     for (int64_t qi = 0; qi < queries; qi++) {
         memset(acc + qi * dim, 0, (size_t)dim * sizeof(float));
         run_max[qi] = -INFINITY;
@@ -203,15 +202,15 @@ static inline __attribute__((always_inline)) void attend_span_vec(
     for (int64_t first = begin; first < end;) {
         const int64_t offset = first % block_size;
         int64_t n = (end - first < block_size - offset) ? end - first : block_size - offset;
-        n = n < VL ? n : VL;
+        n = n < LANES ? n : LANES;
         const int64_t base = (table[first / block_size] * block_size + offset) * row + kv_head * dim;
         const float *k = k_cache + base, *v = v_cache + base;
         /* lanes of real keys: within the chunk and at or after the left padding */
         const ivec valid = (lane < (int32_t)n) & (lane >= (int32_t)(key_start - first < -1 ? -1 : key_start - first));
         /* where the next chunk's rows lie (it may start a new block or cross into one) */
-        const float *next[VL];
+        const float *next[LANES];
         int64_t next_n = 0;
-        for (int64_t pos = first + n; next_n < VL && pos < end; pos++, next_n++)
+        for (int64_t pos = first + n; next_n < LANES && pos < end; pos++, next_n++)
             next[next_n] = k_cache + (table[pos / block_size] * block_size + pos % block_size) * row + kv_head * dim;
         /* the keys' partial products row by row, in memory order; meanwhile the next chunk's K and V rows
          * are prefetched (into L2: with scattered blocks the hardware prefetcher cannot know where the next
@@ -225,15 +224,15 @@ static inline __attribute__((always_inline)) void attend_span_vec(
                     vec p0 = (vec){0}, p1 = (vec){0}; /* two chains of adds */
                     int c = 0;
                     for (; c + 1 < nv; c += 2) {
-                        p0 += vload(qq + c * VL) * vload(kh + c * VL);
-                        p1 += vload(qq + (c + 1) * VL) * vload(kh + (c + 1) * VL);
+                        p0 += vload(qq + c * LANES) * vload(kh + c * LANES);
+                        p1 += vload(qq + (c + 1) * LANES) * vload(kh + (c + 1) * LANES);
                     }
-                    if (c < nv) p0 += vload(qq + c * VL) * vload(kh + c * VL);
+                    if (c < nv) p0 += vload(qq + c * LANES) * vload(kh + c * LANES);
                     partial[qi][j] = p0 + p1;
                 }
         }
         for (int64_t j = n; j < next_n; j++) prefetch_rows(next[j], v_cache - k_cache, span_floats);
-        for (int64_t j = n; j < VL; j++)
+        for (int64_t j = n; j < LANES; j++)
             for (int64_t qi = 0; qi < queries; qi++) partial[qi][j] = (vec){0};
         for (int64_t qi = 0; qi < queries; qi++) {
             vec s = sum_lanes_of_each(partial[qi]);
@@ -266,13 +265,13 @@ static void attend_span(const float *q, const float *k_cache, const float *v_cac
                         float *acc, float *run_max, float *run_sum) {
 #define SPAN_ARGS q, k_cache, v_cache, table, key_start, begin, end, kv_head, kv_count, group, num_kv_heads, dim, \
                   block_size, scale, acc, run_max, run_sum
-    switch (dim % VL == 0 ? dim / VL : 0) {
+    switch (dim % LANES == 0 ? dim / LANES : 0) {
     case 2: attend_span_vec(SPAN_ARGS, 2); return;
     case 4: attend_span_vec(SPAN_ARGS, 4); return;
     case 8: attend_span_vec(SPAN_ARGS, 8); return;
     case 16: attend_span_vec(SPAN_ARGS, 16); return;
     default:
-        if (dim % VL == 0) attend_span_vec(SPAN_ARGS, (int)(dim / VL));
+        if (dim % LANES == 0) attend_span_vec(SPAN_ARGS, (int)(dim / LANES));
         else attend_span_scalar(SPAN_ARGS);
     }
 #undef SPAN_ARGS
