@@ -63,6 +63,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def portable(value: Any) -> Any:
+    """A path argument as its last component: a result file says which directory, not where one machine
+    keeps it. Other values as they are."""
+    if isinstance(value, Path) or (isinstance(value, str) and os.path.isabs(value)):
+        return Path(value).name
+    return value
+
+
 def write(
     name: str,
     result: dict[str, Any],
@@ -81,8 +89,8 @@ def write(
         "machine": machine(),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in arguments.items()},
-        "result": result,
+        "arguments": {k: portable(v) for k, v in arguments.items()},
+        "result": {k: portable(v) if k == "out" else v for k, v in result.items()},
     }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{now:%Y-%m-%d}-{commit}-{name}.json"
