@@ -85,6 +85,10 @@ class DiagnosisConfig:
     arrival_ratio: float = 1.3
     # ...and significantly so (a one-sided Poisson rate test), for the rules that need arrivals flat.
     arrival_p: float = 0.01
+    # Demand growth (queueing_overload's arrivals, and what rules out a busier spell of the same demand)
+    # must pass the symptoms' bar: the change point is searched where the sides differ most, and a Poisson
+    # burst at one rate reaches p ~0.005 there.
+    demand_p: float = 0.001
     # Step loop counted as busy when it runs steps this share of wall time (the rest is gaps).
     busy_share: float = 0.7
     # Mean batch size up by half: a configuration change, not drift (healthy halves within ~10%).
@@ -179,8 +183,9 @@ class DiagnosisConfig:
     affinity_ratio: float = 1.5
 
     def __post_init__(self) -> None:
-        if not 0 < self.alpha < 1:
-            raise ValueError("alpha must be in (0, 1)")
+        for name in ("alpha", "arrival_p", "demand_p"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1)")
         if self.min_ratio_p99 <= 1 or self.min_ratio_p50 <= 1:
             raise ValueError("regression ratios must be > 1")
         if not 0 < self.min_drop_rate < 1:

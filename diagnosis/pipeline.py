@@ -33,6 +33,7 @@ from diagnosis.rules import RULE_CAUSES, RULES
 _SPLIT_LOG = (
     "ttft_p90",
     "tpot_p90",
+    "itl_max_p90",
     "e2e_mean",
     "queue_mean",
     "step_mean",

@@ -105,9 +105,10 @@ def with_consequences(facts: Facts, share: float, period: tuple[str, ...], ttft:
     return best(share, behind, ttft_share(facts, *ttft, "queue"))
 
 
-def arrivals_rose(facts: Facts) -> bool:
-    """Did arrivals rise: by `arrival_ratio` and beyond Poisson noise (`arrival_p`)? The rules that need
-    arrivals flat ask this: ~70 requests a side spread their ratio by ~0.17 at an unchanged rate."""
+def arrivals_rose(facts: Facts, p: float | None = None) -> bool:
+    """Did arrivals rise: by `arrival_ratio` and beyond Poisson noise (one-sided rate test under `p`,
+    default `arrival_p`)? The rules that need arrivals flat ask this: ~70 requests a side spread their
+    ratio by ~0.17 at an unchanged rate."""
     cfg = facts.config
     if not facts.req_ratio("rate_rps", 1.0) >= cfg.arrival_ratio:
         return False
@@ -116,7 +117,15 @@ def arrivals_rose(facts: Facts) -> bool:
     if not all(r > 0 for r in rates):
         return True
     seconds = counts[0] / rates[0], counts[1] / rates[1]
-    return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < cfg.arrival_p
+    return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < (cfg.arrival_p if p is None else p)
+
+
+def demand_grew(facts: Facts) -> bool:
+    """Did demand grow, beyond doubt: arrivals up by `arrival_ratio` under the stricter `demand_p`. What
+    overload needs, and what a busier spell of the same demand (`unexplained.load_explains`) must not show.
+    Stricter than `arrivals_rose`, which vetoes: the split was searched where the sides differ most, so a
+    Poisson burst of one rate passes 0.01 in some healthy runs."""
+    return arrivals_rose(facts, facts.config.demand_p)
 
 
 def prompt_growth(facts: Facts) -> tuple[bool, bool]:

@@ -14,7 +14,7 @@ import math
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
 from diagnosis.rules import routing_imbalance
-from diagnosis.rules.base import gaps_grew, make_finding, strength, ttft_share
+from diagnosis.rules.base import demand_grew, gaps_grew, make_finding, strength, ttft_share
 
 CAUSE = "queueing_overload"
 LEVER = (
@@ -33,12 +33,12 @@ def _queue_share_grew(facts: Facts) -> bool:
 
 
 def evaluate(facts: Facts) -> Finding | None:
-    """Arrival rate up by `arrival_ratio`, queue time's share of the TTFT change >= `min_share_explained`,
-    and no growth of the gaps between steps (`base.gaps_grew`)."""
+    """Arrival rate up by `arrival_ratio` beyond Poisson noise (`base.demand_grew`), queue time's share of
+    the TTFT change >= `min_share_explained`, and no growth of the gaps between steps (`base.gaps_grew`)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "goodput", "tpot")
     arrivals = facts.req_ratio("rate_rps", math.nan)
-    if not symptoms or not arrivals >= cfg.arrival_ratio:
+    if not symptoms or not demand_grew(facts):
         return None
     if not facts.req_current("queue_mean") > facts.req_baseline("queue_mean"):
         return None
