@@ -117,7 +117,8 @@ def arrivals_rose(facts: Facts, p: float | None = None) -> bool:
     if not all(r > 0 for r in rates):
         return True
     seconds = counts[0] / rates[0], counts[1] / rates[1]
-    return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < (cfg.arrival_p if p is None else p)
+    bar = cfg.arrival_p if p is None else p
+    return stats.rate_greater(counts[0], seconds[0], counts[1], seconds[1]) < bar
 
 
 def demand_grew(facts: Facts) -> bool:
