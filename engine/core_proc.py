@@ -84,7 +84,6 @@ class CoreLoop:
             for msg in msgs:
                 self.apply(msg)
             if not self.stopping and core.has_unfinished_requests():
-                self.faults.before_step()
                 with self.faults.step_lock:  # uncontended unless the scheduler_stall fault is on
                     outputs = core.step()
                 self.sink(core.drain_events())  # once per step, so the buffer never grows

@@ -99,10 +99,6 @@ class SchedulerStall:
 
     def __init__(self, seed: int = 0) -> None:
         self.lock = threading.Lock()
-        # Set while the stall thread waits for the lock. A lock is not fair: a busy loop that releases
-        # and retakes it at once would keep the thread out for seconds, and the stall would depend on
-        # the load. The loop lets a waiting thread in first (`before_step`).
-        self._wants = threading.Event()
         self.stall_ms = 0.0
         self.stalls = 0  # times the thread held the lock (tests and logs)
         self._rng = random.Random(seed)
@@ -127,19 +123,11 @@ class SchedulerStall:
             self._stop.set()
             self._thread.join()
         self._stop = self._thread = None
-        self._wants.clear()
         self.stall_ms = 0.0
-
-    def before_step(self) -> None:
-        """Called by the loop before it takes the lock: yields to a stall thread that is waiting for it."""
-        while self._wants.is_set():
-            time.sleep(0.0002)
 
     def _run(self, hold_s: float, stop: threading.Event) -> None:
         while not stop.wait(self._rng.uniform(*STALL_PERIOD_S)):
-            self._wants.set()
             with self.lock:  # waits for the step in progress, then keeps the loop out
-                self._wants.clear()
                 self.stalls += 1
                 stop.wait(hold_s)
 
@@ -189,12 +177,8 @@ class EngineFaults:
 
     @property
     def step_lock(self) -> threading.Lock:
-        """Taken by the core loop around each `core.step()`, after `before_step()`."""
+        """Taken by the core loop around each `core.step()`."""
         return self.stall.lock
-
-    def before_step(self) -> None:
-        """Let a waiting stall thread take the step lock first (a no-op while the fault is off)."""
-        self.stall.before_step()
 
     def apply(
         self, settings: FaultSettings, channel: object | None = None, core: object | None = None

@@ -227,7 +227,8 @@ def finish(
     name = f"eval-{summary['grid']}{'' if summary['complete'] else '-partial'}{suffix}"
     name += "-rediagnosed" if rediagnosed else ""
     directory = Path(args.results_dir) if getattr(args, "results_dir", None) else results.DIRECTORY
-    path = results.write(name, {**summary, "rows": rows}, _arguments(args), load_before, directory)
+    document = {**summary, "out": results.portable(summary["out"]), "rows": rows}
+    path = results.write(name, document, _arguments(args), load_before, directory)
     print(page)
     print(f"eval: {len(rows)} rows; {out}/summary{suffix}.json, {path}", file=sys.stderr)
     return 0

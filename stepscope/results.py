@@ -90,7 +90,7 @@ def write(
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "arguments": {k: portable(v) for k, v in arguments.items()},
-        "result": {k: portable(v) if k == "out" else v for k, v in result.items()},
+        "result": result,
     }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{now:%Y-%m-%d}-{commit}-{name}.json"

@@ -111,7 +111,6 @@ class WorkerLoop(CoreLoop):
     def _step_once(self) -> None:
         outputs, self.ready_outputs = self.ready_outputs, []
         if self.core.has_unfinished_requests():
-            self.faults.before_step()
             with self.faults.step_lock:
                 outputs += self.core.step()
             if self.role == "prefill":
