@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,14 +65,28 @@ class Localization:
     spread: tuple[float, float] = (math.nan, math.nan)  # instances per shared prefix (baseline, current)
     affinity: tuple[float, float] = (math.nan, math.nan)  # repeated prefixes where they went last (same)
     rows: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)  # per instance
+    # the whole fleet's (baseline, current) request aggregates: what a subset's rows cannot say about the
+    # fleet (its distinct prefixes per request, its prompt mix; a router's switch moves a subset's mix alone)
+    whole: tuple[dict[str, float], dict[str, float]] = field(default_factory=lambda: ({}, {}))
+    stopped: float = math.nan  # unix s just after the last request of the earliest lost instance
 
     def scope(self) -> dict[str, Any]:
         """The `scope` object of a finding (docs/diagnosis.md)."""
         share = round(self.share, 3) if math.isfinite(self.share) else None
         return {"kind": self.kind, "instances": list(self.instances), "share_of_regression": share}
 
+    def fleet_scope(self) -> dict[str, Any]:
+        """The `scope` of a finding about the whole fleet (a router's cause), wherever the symptoms are."""
+        return {"kind": "fleet", "instances": sorted(self.rows), "share_of_regression": 1.0}
+
     def side(self, instance: str, i: int, key: str) -> float:
         return num(self.rows.get(instance, ({}, {}))[i].get(key))
+
+    def fleet_ratio(self, key: str, default: float) -> float:
+        """The whole fleet's current over baseline request aggregate; `default` when the baseline is not
+        positive (or was not gathered)."""
+        base, cur = num(self.whole[0].get(key)), num(self.whole[1].get(key))
+        return cur / base if base > 0 else default
 
 
 def instance_rows(
@@ -126,7 +140,10 @@ def localize(source: Reader, facts: Any) -> Localization:
     if len(names) > 1:
         spread = prefix_spread(source, facts.baseline, facts.window)
         affinity = prefix_affinity(source, facts.baseline, facts.window)
-    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, affinity, rows)
+    b, w = facts.baseline, facts.window
+    both = TimeRange(min(b.start, w.start), max(b.end, w.end))
+    stopped = _last_request(source, both, lost) if lost else math.nan
+    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, affinity, rows, facts.req, stopped)
     serving = [n for n in names if n not in lost and _nan0(num(rows[n][1].get("requests"))) > 0]
     if len(serving) < 2 or not facts.regressions:
         return fleet
@@ -150,7 +167,7 @@ def localize(source: Reader, facts: Any) -> Localization:
         floor = math.log1p(cfg.localize_min_lift)
         gap = min(lift[n] for n in top) / max(max(lift[n] for n in rest), floor)
         if share >= cfg.localize_share and gap >= cfg.localize_lift_gap:
-            return Localization("instances", tuple(sorted(top)), share, metric, lost, spread, affinity, rows)
+            return replace(fleet, kind="instances", instances=tuple(sorted(top)), share=share)
     return fleet
 
 
@@ -182,6 +199,13 @@ def stopped_at(source: Reader, window: TimeRange, cfg: Any) -> float | None:
         if expected >= -math.log(cfg.alpha) and peer_later:
             stops.append(last + 1e-3)
     return min(stops) if stops else None
+
+
+def _last_request(source: Reader, span: TimeRange, instances: tuple[str, ...]) -> float:
+    """Unix seconds just after the last request inside `span` of the earliest-stopping of `instances`."""
+    rows = source.query(queries.INSTANCE_SPAN, span_params(span)).dicts()
+    last = [num(r["last_ns"]) / 1e9 for r in rows if str(r["instance"]) in instances]
+    return min(last) + 1e-3 if last else math.nan
 
 
 def _nan0(x: float) -> float:

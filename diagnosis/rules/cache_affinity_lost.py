@@ -11,8 +11,10 @@ request rise).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-from diagnosis.facts import Facts
+from diagnosis.facts import Facts, num
+from diagnosis.fleet import Localization
 from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
 
@@ -26,12 +28,13 @@ LEVER = (
 def scattered(facts: Facts) -> tuple[float, float] | None:
     """(baseline, current) share of repeated prompt prefixes that landed where they went last, when the
     same prompts were scattered over more instances (None otherwise). Shared with prefix_cache_miss, its
-    look-alike."""
+    look-alike. The prompts are the fleet's: a router's switch changes which prompts each instance gets,
+    so the mix of the instances a regression is localized to moves with it."""
     loc, cfg = facts.fleet, facts.config
     if loc is None or len(loc.rows) - len(loc.lost) < 2:
         return None
     ab, ac = loc.affinity
-    fleet_keys = facts.req_ratio("prefix_keys_per_request", math.inf)
+    fleet_keys = loc.fleet_ratio("prefix_keys_per_request", math.inf)
     if not (ab > 0 and ac * cfg.affinity_ratio <= ab and fleet_keys <= cfg.steady_prompt_ratio):
         return None
     return ab, ac
@@ -57,11 +60,11 @@ def evaluate(facts: Facts) -> Finding | None:
     rose = [n for n, d in drops.items() if math.isfinite(d) and d <= -cfg.cache_share_drop / 2]
     if fell * 2 < len(serving) or any(not before[n] < cb / 2 for n in rose):
         return None
-    lengths = facts.req_ratio("input_mean", math.inf)
+    lengths = loc.fleet_ratio("input_mean", math.inf)
     if not (1 / cfg.steady_prompt_ratio <= lengths <= cfg.steady_prompt_ratio):
         return None
     share = best(ttft_share(facts, "prefill", "queue"), period_share(facts, "prefill_in_decode_steps"))
-    return make_finding(
+    finding = make_finding(
         facts,
         CAUSE,
         symptoms=symptoms,
@@ -72,8 +75,8 @@ def evaluate(facts: Facts) -> Finding | None:
             Evidence("cached_token_share", cb, cc),
             Evidence("prefix_affinity_share", *keys),
             Evidence("instances_per_shared_prefix", *loc.spread),
-            Evidence("prefix_keys_per_request", *facts.req_pair("prefix_keys_per_request")),
-            Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
+            Evidence("prefix_keys_per_request", *_fleet_pair(loc, "prefix_keys_per_request")),
+            Evidence("input_tokens_mean", *_fleet_pair(loc, "input_mean")),
         ]
         + [
             Evidence(
@@ -85,3 +88,11 @@ def evaluate(facts: Facts) -> Finding | None:
         summary=f"cached share {cb:.0%} -> {cc:.0%} on every replica; {keys[1]:.0%} of repeated prefixes "
         f"land where they went last (was {keys[0]:.0%}) at unchanged prompts",
     )
+    # the router's cause: the whole fleet's, though the symptoms may gather on the instances that held the
+    # most reuse before
+    return None if finding is None else replace(finding, scope=loc.fleet_scope())
+
+
+def _fleet_pair(loc: Localization, key: str) -> tuple[float, float]:
+    """(baseline, current) of the whole fleet's request aggregate `key`."""
+    return num(loc.whole[0].get(key)), num(loc.whole[1].get(key))

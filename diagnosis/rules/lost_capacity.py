@@ -7,6 +7,8 @@ regressed: a fleet that absorbs a lost replica still lost it.
 
 from __future__ import annotations
 
+import math
+
 from diagnosis.facts import Facts
 from diagnosis.fleet import request_shares
 from diagnosis.records import Evidence, Finding
@@ -31,7 +33,8 @@ def evaluate(facts: Facts) -> Finding | None:
     evidence += [Evidence(f"request_share[{n}]", *shares[n]) for n in peers]
     evidence.append(Evidence("errors", facts.req_baseline("errors"), facts.req_current("errors")))
     symptoms = tuple(r.metric for r in facts.regressions)
-    onset = facts.onset("requests")
+    # its last request: the fleet's request series shows nothing when its peers absorb the load
+    onset = loc.stopped if math.isfinite(loc.stopped) else facts.onset("requests")
     names = ", ".join(loc.lost)
     return Finding(
         cause=CAUSE,

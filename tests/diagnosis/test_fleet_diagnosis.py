@@ -81,6 +81,15 @@ CASES = {
         **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS[:2])},
         r2=SHARED | {"tenants": TENANTS, "prefix_change_fraction": 1.0},
     ),
+    # Routed by prefix, r2 held the tenants with the most shared prompts (half of them with a prefix of their
+    # own); scattered, every replica gets the fleet's mix: r0 and r1 lose their reuse and get longer prompts
+    # (x1.4), r2 shorter ones. The fleet's prompts and prefixes are as before; the regression is on r0, r1.
+    "scattered_mix_moved": _fleet(
+        10 * HOUR,
+        {n: {"tenants": TENANTS, "shared_fraction": f} for n, f in zip(IDS, (0.6, 0.6, 0.3), strict=True)},
+        **{n: SHARED | {"tenants": TENANTS[i::3], "shared_fraction": 0.35} for i, n in enumerate(IDS[:2])},
+        r2=SHARED | {"tenants": TENANTS[2::3], "shared_fraction": 0.8, "prefix_change_fraction": 0.5},
+    ),
 }
 
 
@@ -162,6 +171,21 @@ def test_a_replica_lost_without_a_symptom_is_found_at_its_stop_with_no_baseline_
     assert abs(top["onset"] - (t0 + 170.0)) <= 10.0
 
 
+def test_a_lost_replicas_onset_is_its_last_request_whatever_the_windows(source):
+    """The fleet's peers absorb the load, so the fleet's request series has no step: the onset is the lost
+    instance's last request, not a change point of the fleet's traffic near the windows' split."""
+    t0 = CASES["lost_unnoticed"][0].t0
+    d = diagnose(source, TimeRange(t0 + 165.0, t0 + 240.0), baseline=TimeRange(t0, t0 + 165.0)).to_json()
+    top = d["findings"][0]
+    assert top["cause"] == "lost_capacity" and top["scope"]["instances"] == ["r2"]
+    last = (
+        "SELECT max(toUnixTimestamp64Nano(time)) / 1e9 FROM requests"
+        " WHERE instance = 'r2' AND time < toDateTime64({t:Float64}, 9)"
+    )
+    assert top["onset"] == pytest.approx(source.query(last, {"t": t0 + 240.0}).rows[0][0], abs=0.01)
+    assert top["onset"] == pytest.approx(t0 + 170.0, abs=1.0)
+
+
 def test_no_instance_stopped_in_a_fleet_that_kept_serving(source):
     t0 = CASES["one_stalled"][0].t0
     assert stopped_at(source, TimeRange(t0, t0 + 240.0), DiagnosisConfig()) is None
@@ -197,6 +221,24 @@ def test_scattered_prompts_with_one_replica_that_held_little_reuse_is_still_cach
     ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
     assert ev["cached_token_share[r2]"][0] < 0.2  # nothing to lose there; r0 and r1 lost theirs
     assert "prefix_cache_miss" not in {f["cause"] for f in d["findings"]}
+
+
+def test_scattered_prompts_that_moved_the_regressed_replicas_prompt_mix_are_cache_affinity_lost(source):
+    """The regression sits on the replicas that held the reuse, whose prompts also grew when the router
+    stopped sorting them: the same prompts are judged on the fleet, and the router's cause is the fleet's."""
+    d = _diagnose(source, "scattered_mix_moved")
+    top = d["findings"][0]
+    assert top["cause"] == "cache_affinity_lost"
+    assert top["scope"]["kind"] == "fleet" and top["scope"]["instances"] == list(IDS)
+    ev = {e["metric"]: (e["baseline"], e["current"]) for e in top["evidence"]}
+    assert ev["input_tokens_mean"][1] == pytest.approx(ev["input_tokens_mean"][0], rel=0.1)  # the fleet's
+    t0 = CASES["scattered_mix_moved"][0].t0
+    regressed = ScopedReader(source, instances=["r0", "r1"])
+    mean = "SELECT avg(input_tokens) AS m FROM requests WHERE time {} toDateTime64({{t:Float64}}, 9)"
+    before, after = (regressed.query(mean.format(op), {"t": t0 + 120.0}).rows[0][0] for op in "<>")
+    assert after / before > 1.25  # the regressed replicas' own prompts grew past steady_prompt_ratio
+    causes = {f["cause"] for f in d["findings"]}
+    assert causes.isdisjoint({"long_prompts", "prefix_cache_miss", "unexplained"})
 
 
 def test_the_instance_filter_diagnoses_one_healthy_replica_as_healthy(source):
