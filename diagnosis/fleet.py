@@ -68,7 +68,6 @@ class Localization:
     # the whole fleet's (baseline, current) request aggregates: what a subset's rows cannot say about the
     # fleet (its distinct prefixes per request, its prompt mix; a router's switch moves a subset's mix alone)
     whole: tuple[dict[str, float], dict[str, float]] = field(default_factory=lambda: ({}, {}))
-    stopped: float = math.nan  # unix s just after the last request of the earliest lost instance
 
     def scope(self) -> dict[str, Any]:
         """The `scope` object of a finding (docs/diagnosis.md)."""
@@ -82,11 +81,20 @@ class Localization:
     def side(self, instance: str, i: int, key: str) -> float:
         return num(self.rows.get(instance, ({}, {}))[i].get(key))
 
+    def fleet_pair(self, key: str) -> tuple[float, float]:
+        """(baseline, current) of the whole fleet's request aggregate `key` (NaN when not gathered)."""
+        return num(self.whole[0].get(key)), num(self.whole[1].get(key))
+
     def fleet_ratio(self, key: str, default: float) -> float:
         """The whole fleet's current over baseline request aggregate; `default` when the baseline is not
         positive (or was not gathered)."""
-        base, cur = num(self.whole[0].get(key)), num(self.whole[1].get(key))
+        base, cur = self.fleet_pair(key)
         return cur / base if base > 0 else default
+
+    def stopped(self) -> float:
+        """Unix seconds just after the last request of the earliest-stopping lost instance (NaN without)."""
+        last = [max(self.side(n, 0, "last_ns"), _nan0(self.side(n, 1, "last_ns"))) for n in self.lost]
+        return min(last) / 1e9 + 1e-3 if last else math.nan
 
 
 def instance_rows(
@@ -140,10 +148,7 @@ def localize(source: Reader, facts: Any) -> Localization:
     if len(names) > 1:
         spread = prefix_spread(source, facts.baseline, facts.window)
         affinity = prefix_affinity(source, facts.baseline, facts.window)
-    b, w = facts.baseline, facts.window
-    both = TimeRange(min(b.start, w.start), max(b.end, w.end))
-    stopped = _last_request(source, both, lost) if lost else math.nan
-    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, affinity, rows, facts.req, stopped)
+    fleet = Localization("fleet", tuple(names), 1.0, metric, lost, spread, affinity, rows, facts.req)
     serving = [n for n in names if n not in lost and _nan0(num(rows[n][1].get("requests"))) > 0]
     if len(serving) < 2 or not facts.regressions:
         return fleet
@@ -199,13 +204,6 @@ def stopped_at(source: Reader, window: TimeRange, cfg: Any) -> float | None:
         if expected >= -math.log(cfg.alpha) and peer_later:
             stops.append(last + 1e-3)
     return min(stops) if stops else None
-
-
-def _last_request(source: Reader, span: TimeRange, instances: tuple[str, ...]) -> float:
-    """Unix seconds just after the last request inside `span` of the earliest-stopping of `instances`."""
-    rows = source.query(queries.INSTANCE_SPAN, span_params(span)).dicts()
-    last = [num(r["last_ns"]) / 1e9 for r in rows if str(r["instance"]) in instances]
-    return min(last) + 1e-3 if last else math.nan
 
 
 def _nan0(x: float) -> float:

@@ -308,7 +308,8 @@ SELECT instance, {_SIDE},
        avg(queue_s) AS queue_mean,
        sum(cached_tokens) / nullIf(sum(input_tokens), 0) AS cached_share,
        uniqIf(prefix_key, prefix_key != '') AS prefix_keys,
-       avg(input_tokens) AS input_mean
+       avg(input_tokens) AS input_mean,
+       toUnixTimestamp64Nano(max(time)) AS last_ns
 FROM requests
 WHERE {_SIDES_WHERE}
 GROUP BY instance, side

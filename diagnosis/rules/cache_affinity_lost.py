@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from diagnosis.facts import Facts, num
-from diagnosis.fleet import Localization
+from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import best, make_finding, period_share, strength, ttft_share
 
@@ -75,8 +74,8 @@ def evaluate(facts: Facts) -> Finding | None:
             Evidence("cached_token_share", cb, cc),
             Evidence("prefix_affinity_share", *keys),
             Evidence("instances_per_shared_prefix", *loc.spread),
-            Evidence("prefix_keys_per_request", *_fleet_pair(loc, "prefix_keys_per_request")),
-            Evidence("input_tokens_mean", *_fleet_pair(loc, "input_mean")),
+            Evidence("prefix_keys_per_request", *loc.fleet_pair("prefix_keys_per_request")),
+            Evidence("input_tokens_mean", *loc.fleet_pair("input_mean")),
         ]
         + [
             Evidence(
@@ -91,8 +90,3 @@ def evaluate(facts: Facts) -> Finding | None:
     # the router's cause: the whole fleet's, though the symptoms may gather on the instances that held the
     # most reuse before
     return None if finding is None else replace(finding, scope=loc.fleet_scope())
-
-
-def _fleet_pair(loc: Localization, key: str) -> tuple[float, float]:
-    """(baseline, current) of the whole fleet's request aggregate `key`."""
-    return num(loc.whole[0].get(key)), num(loc.whole[1].get(key))

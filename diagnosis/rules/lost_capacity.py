@@ -34,7 +34,8 @@ def evaluate(facts: Facts) -> Finding | None:
     evidence.append(Evidence("errors", facts.req_baseline("errors"), facts.req_current("errors")))
     symptoms = tuple(r.metric for r in facts.regressions)
     # its last request: the fleet's request series shows nothing when its peers absorb the load
-    onset = loc.stopped if math.isfinite(loc.stopped) else facts.onset("requests")
+    stopped = loc.stopped()
+    onset = stopped if math.isfinite(stopped) else facts.onset("requests")
     names = ", ".join(loc.lost)
     return Finding(
         cause=CAUSE,
