@@ -56,6 +56,10 @@ class DiagnosisConfig:
     # The change point keeps at least this share of the window on each side (a split at the edge compares
     # a handful of intervals with everything else).
     min_segment_share: float = 0.2
+    # A setting of the engine's (chunked prefill, a batch limit, the KV pool, the weights' dtype) whose one
+    # step explains at least this share of its series inside the window places the split there, ahead of
+    # the symptoms' change point (a clean step: 0.8-0.95 with the intervals the change straddles).
+    setting_step_share: float = 0.75
     # A finding's onset is the change point of its own evidence series, searched this far either side of
     # the split (a share of the analysed span, and at least so many seconds): near enough that a drift
     # elsewhere in the window cannot pull it away, wide enough for a change point a few intervals off.
@@ -194,3 +198,5 @@ class DiagnosisConfig:
             raise ValueError("sample_per_side must be >= 100 and target_intervals >= 10")
         if not 0 < self.min_segment_share < 0.5:
             raise ValueError("min_segment_share must be in (0, 0.5)")
+        if not 0 < self.setting_step_share <= 1:
+            raise ValueError("setting_step_share must be in (0, 1]")

@@ -152,8 +152,13 @@ class Facts:
         if np.isfinite(seg).sum() < 6:
             return fallback
         finite = seg[np.isfinite(seg)]
-        if finite.min() > 0 and finite.max() > 10 * finite.min():
-            seg = np.log(seg)  # a step of 100x followed by a backlog's growth: the step is the change
+        low, high = np.quantile(finite, [0.1, 0.9])
+        if finite.min() > 0 and high > 10 * low:
+            # a step of 100x followed by a backlog's growth: the step is the change. Judged on the 10th
+            # and 90th percentiles (the searched segment is at least a third after the split): a
+            # per-second mean of a few heavy-tailed values spans 10x by chance, and on a log scale its
+            # smallest intervals, not the shift, decide where the split goes.
+            seg = np.log(seg)
         k = stats.change_point([seg], max(2, len(seg) // 8))
         return fallback if k is None else self.series.time_of(lo + k)
 

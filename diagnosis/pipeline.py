@@ -76,8 +76,36 @@ def split_window(series: F.Series, window: TimeRange, cfg: DiagnosisConfig) -> i
             x = np.nan_to_num(x)  # an interval without a request had zero arrivals
         columns.append(x)
     min_size = max(3, int((hi - lo) * cfg.min_segment_share))
-    k = stats.change_point(columns, min_size, testable_splits(series.get("requests")[lo:hi], cfg))
+    allowed = testable_splits(series.get("requests")[lo:hi], cfg)
+    k = setting_step(series, lo, hi, min_size, allowed, cfg)
+    if k is None:
+        k = stats.change_point(columns, min_size, allowed)
     return None if k is None else lo + k
+
+
+def setting_step(
+    series: F.Series, lo: int, hi: int, min_size: int, allowed: np.ndarray | None, cfg: DiagnosisConfig
+) -> int | None:
+    """The split (relative to `lo`) where one of the engine's settings stepped cleanly inside [lo, hi),
+    or None. A configuration change has an exact time and the symptoms follow it, each at its own pace:
+    the split goes where the setting changed, not where the sum of the drifting symptom series peaks
+    (which can be seconds later and put the first affected requests into the baseline)."""
+    best, best_share = None, cfg.setting_step_share
+    for name in sorted(F.SETTINGS):
+        x = np.asarray(series.get(name)[lo:hi], dtype=float)
+        finite = np.isfinite(x)
+        if finite.sum() < 2 * min_size:
+            continue
+        x = np.where(finite, x, np.median(x[finite]))
+        share = stats.shift_statistic(x, min_size)
+        if allowed is not None:
+            share = np.where(allowed, share, np.nan)
+        if np.all(np.isnan(share)):
+            continue  # constant: the setting did not change
+        k = int(np.nanargmax(share))
+        if share[k] >= best_share:
+            best, best_share = k, float(share[k])
+    return best
 
 
 def testable_splits(requests: np.ndarray, cfg: DiagnosisConfig) -> np.ndarray | None:

@@ -108,6 +108,28 @@ def test_testable_splits_leave_enough_requests_on_both_sides() -> None:
     assert testable_splits(np.ones(40), cfg) is None  # too few for any test: the split is free
 
 
+def test_the_window_splits_where_a_setting_changed_not_where_the_symptoms_drift_most() -> None:
+    """Chunked prefill switched off at interval 40 of 80; the symptoms (and a dozen series that drift with
+    them) move most from interval 50 as the backlog builds. The split is the setting's step, so the first
+    affected requests are not counted in the baseline; with no setting moving, the symptoms decide."""
+    from diagnosis.facts import Series
+    from diagnosis.pipeline import split_window
+
+    rng = np.random.default_rng(5)
+    n, cfg = 80, DiagnosisConfig()
+    symptoms = ("ttft_p90", "tpot_p90", "itl_max_p90", "e2e_mean", "queue_mean", "step_mean", "bytes_mean")
+    rise = np.r_[np.zeros(50), np.full(30, 0.4)]
+    drifting = {name: np.exp(rise + rng.normal(0, 0.15, n)) for name in symptoms}
+    for name in ("kv_usage", "batch_mean"):
+        drifting[name] = np.r_[np.zeros(50), np.ones(30)] + rng.normal(0, 0.8, n)
+    chunked = np.r_[np.ones(40), np.zeros(40)]
+    columns = drifting | {"requests": np.full(n, 4.0), "chunked_share": chunked}
+    window = TimeRange(1000.0, 1000.0 + n)
+    assert split_window(Series(1000.0, 1.0, columns), window, cfg) == 40
+    steady = columns | {"chunked_share": np.ones(n)}
+    assert abs(split_window(Series(1000.0, 1.0, steady), window, cfg) - 50) <= 2
+
+
 def test_render_writes_typed_literals_and_refuses_the_rest() -> None:
     sql = "SELECT {a:Int64}, {b:Float64}, {s:String}"
     assert queries.render(sql, {"a": 5, "b": 0.5, "s": "it's\\"}) == "SELECT 5, 0.5, 'it\\'s\\\\'"
