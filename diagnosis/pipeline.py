@@ -92,16 +92,13 @@ def setting_step(
     (which can be seconds later and put the first affected requests into the baseline)."""
     best, best_share = None, cfg.setting_step_share
     for name in sorted(F.SETTINGS):
-        x = np.asarray(series.get(name)[lo:hi], dtype=float)
-        finite = np.isfinite(x)
-        if finite.sum() < 2 * min_size:
-            continue
-        x = np.where(finite, x, np.median(x[finite]))
-        share = stats.shift_statistic(x, min_size)
+        share = stats.shift_shares(series.get(name)[lo:hi], min_size)
+        if share is None:
+            continue  # the setting did not change
         if allowed is not None:
             share = np.where(allowed, share, np.nan)
         if np.all(np.isnan(share)):
-            continue  # constant: the setting did not change
+            continue  # it changed where no split is allowed
         k = int(np.nanargmax(share))
         if share[k] >= best_share:
             best, best_share = k, float(share[k])

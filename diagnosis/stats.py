@@ -165,6 +165,17 @@ def shift_statistic(x: np.ndarray, min_size: int) -> np.ndarray:
     return out
 
 
+def shift_shares(raw: np.ndarray, min_size: int) -> np.ndarray | None:
+    """`shift_statistic` of a series with NaN (filled with its median), or None when it has too few
+    finite points or never moves."""
+    x = np.asarray(raw, dtype=float)
+    finite = np.isfinite(x)
+    if finite.sum() < 2 * min_size:
+        return None
+    stat = shift_statistic(np.where(finite, x, np.median(x[finite])), min_size)
+    return None if np.all(np.isnan(stat)) else stat
+
+
 def change_point(series: list[np.ndarray], min_size: int, allowed: np.ndarray | None = None) -> int | None:
     """Index of the first interval after the best single split of a mean shift shared by `series` (equal
     lengths, NaN allowed: filled with the series median), or None when no split is possible. Each series
@@ -173,13 +184,8 @@ def change_point(series: list[np.ndarray], min_size: int, allowed: np.ndarray | 
     boolean mask over split indices) restricts where the split may fall."""
     total: np.ndarray | None = None
     for raw in series:
-        x = np.asarray(raw, dtype=float)
-        finite = np.isfinite(x)
-        if finite.sum() < 2 * min_size:
-            continue
-        x = np.where(finite, x, np.median(x[finite]))
-        stat = shift_statistic(x, min_size)
-        if np.all(np.isnan(stat)):
+        stat = shift_shares(raw, min_size)
+        if stat is None:
             continue
         total = stat if total is None else np.nansum(np.vstack([total, stat]), axis=0)
     if total is not None and allowed is not None:
