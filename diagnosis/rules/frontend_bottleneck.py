@@ -3,9 +3,13 @@ requests wait in the front end before they reach the core's queue, and its event
 
 Evidence: the front end's part of TTFT (`requests.frontend_s`: HTTP receipt to the core's queue) up and
 explaining most of the TTFT change, the event loop's lag up, the core idle between steps while requests
-wait in front of it; at flat arrivals (look-alike queueing_overload). Look-alike rpc_overhead: the
-channel's per-token delay grows while the time before the core's queue does not (a busy loop also delays
-the outputs it reads, so the RPC delay may grow too: which part explains the TTFT change decides).
+wait in front of it; at flat arrivals (look-alike queueing_overload), or with the front end's time
+explaining nearly all of the TTFT change: arrivals are stamped when the front end takes a request, and a
+front end short of CPU takes them late and in bunches, so the rate it records can rise at unchanged demand,
+while more demand on a front end with CPU to spare waits in the core's queue, not in front of it.
+Look-alike rpc_overhead: the channel's per-token delay grows while the time before the core's queue does
+not (a busy loop also delays the outputs it reads, so the RPC delay may grow too: which part explains the
+TTFT change decides).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ def frontend_share(facts: Facts) -> float:
 
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     """Mean front-end time up by `frontend_ratio` and `min_frontend_increase_s`, arrivals not risen
-    (`arrivals_rose`). Share = the front end's part of the mean TTFT change."""
+    (`arrivals_rose`) unless the front end explains `frontend_over_arrivals_share` of the mean TTFT
+    change. Share = the front end's part of the mean TTFT change."""
     cfg = facts.config
     if not (facts.req_baseline("with_frontend") > 0 and facts.req_current("with_frontend") > 0):
         return NotEnoughData(CAUSE, "stepscope.latency.frontend_s on llm_request (the front end's part)")
@@ -43,9 +48,9 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     fb, fc = facts.req_pair("frontend_mean")
     if not symptoms or not frontend_grew(facts):
         return None
-    if arrivals_rose(facts):
-        return None
     share = frontend_share(facts)
+    if arrivals_rose(facts) and not share >= cfg.frontend_over_arrivals_share:
+        return None
     evidence = [
         Evidence("frontend_s_mean", fb, fc),
         Evidence("frontend_share_of_ttft_change", 0.0, share),

@@ -98,6 +98,12 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     ),
     # The front end's loop busy 0.2 s per request at 4 requests/s: it saturates, requests wait before it.
     "frontend_bottleneck": (SimConfig(seed=21, fault={"frontend_cpu_s": 0.22}), "frontend_bottleneck"),
+    # The same with arrivals up x1.4 at the onset: the requests still wait in front of the core, not in
+    # its queue, so the front end is the cause (more demand alone would queue at the core).
+    "frontend_bottleneck_more_arrivals": (
+        SimConfig(seed=21, fault={"frontend_cpu_s": 0.15, "rate_rps": 5.6}),
+        "frontend_bottleneck",
+    ),
     # Sampled: 1-in-4 steps recorded, 25% of requests head-sampled, slow ones kept anyway.
     "sampled_queueing_overload": (
         SimConfig(seed=3, steps_every=4, head_ratio=0.25, slow_request_s=1.0, fault={"rate_rps": 10.0}),
