@@ -165,6 +165,9 @@ FAULTS: dict[str, Fault] = {
             (30, 10),
             engine=lambda v: {"kv_transfer_mbps": float(v)},
             serve_args=("--disagg",),  # 1 prefill + 1 decode worker on the same cores
+            # A dev eval run at 26 MB/s (0.42 of capacity) regressed nothing: the transfer's tail stayed
+            # hidden behind the prefill; at 13 MB/s every symptom regressed. The full grid draws 8-20.
+            magnitude_range=(8, 20),
         ),
         Fault(
             "weight_quant_off",
