@@ -11,7 +11,14 @@ import math
 
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
-from diagnosis.rules.base import make_finding, strength, ttft_share, with_consequences
+from diagnosis.rules.base import (
+    kv_transfer_shares,
+    kv_transfer_slowed,
+    make_finding,
+    strength,
+    ttft_share,
+    with_consequences,
+)
 
 CAUSE = "kv_transfer_slow"
 LEVER = (
@@ -26,21 +33,12 @@ def evaluate(facts: Facts) -> Finding | None:
     rise, with the queue's (a dev run: transfer 0.04 -> 0.40 s, queue 0.01 -> 0.43 s, the transfer alone
     0.29 of the change: `unexplained`)."""
     cfg = facts.config
-    if not (facts.req_baseline("with_kv_transfer") > 0 or facts.req_current("with_kv_transfer") > 0):
-        return None  # colocated serving: no transfer can be slow
     symptoms = facts.regressed("ttft", "e2e", "goodput")
-    if not symptoms:
-        return None
-    shares = [
-        get("kv_transfer_mean") / get("ttft_mean") if get("ttft_mean") > 0 else math.nan
-        for get in (facts.req_baseline, facts.req_current)
-    ]
+    if not symptoms or not kv_transfer_slowed(facts):
+        return None  # colocated serving (no transfer can be slow), nothing regressed, or the link held
+    shares = kv_transfer_shares(facts)
     per_token = [facts.req_baseline("kv_transfer_s_per_token"), facts.req_current("kv_transfer_s_per_token")]
     ratio = per_token[1] / per_token[0] if per_token[0] > 0 else math.inf
-    if not (
-        shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio
-    ):
-        return None
     share = with_consequences(facts, ttft_share(facts, "kv_transfer"), (), ("kv_transfer",))
     return make_finding(
         facts,

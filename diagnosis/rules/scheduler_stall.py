@@ -3,7 +3,9 @@ call in the loop).
 
 Evidence: gaps between consecutive decode steps up (look-alike queueing_overload: arrivals up, the loop
 busy with steps and no gaps) and the front end's RPC delay unchanged where it is measured (look-alike
-rpc_overhead: the delay between a step's end and the front end seeing its tokens is what grew).
+rpc_overhead: the delay between a step's end and the front end seeing its tokens is what grew; look-alike
+kv_transfer_slow: a disaggregated decode worker waits between its steps for prompts' KV that a slow link
+delivers late, so its gaps grow with the transfer's time: 16 -> 31 ms at a link of 10 MB/s in a dev run).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from diagnosis.records import Evidence, Finding, NotEnoughData
 from diagnosis.rules.base import (
     channel_dominates,
     gaps_grew,
+    kv_transfer_slowed,
     make_finding,
     period_share,
     rpc_grew,
@@ -43,6 +46,8 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")
     if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
+    if kv_transfer_slowed(facts):
+        return None  # a decode worker waiting for the KV it reserved blocks for idles between its steps
     share = with_consequences(facts, period_share(facts, "gaps"), ("gaps",), ())
     evidence = [
         Evidence("gap_before_decode_step_s_mean", gb, gc),

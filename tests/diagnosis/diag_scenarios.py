@@ -47,6 +47,16 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=13, kv_transfer_per_token_s=0.00005, fault={"kv_transfer_per_token_s": 0.0003}),
         "kv_transfer_slow",
     ),
+    # A link so slow that the decode worker waits between its steps for the prompts' KV: the gaps grow too,
+    # and the link, not the step loop, is the cause.
+    "kv_transfer_slow_decode_waits": (
+        SimConfig(
+            seed=13,
+            kv_transfer_per_token_s=0.00005,
+            fault={"kv_transfer_per_token_s": 0.001, "gap_base_s": 0.015},
+        ),
+        "kv_transfer_slow",
+    ),
     "vllm_overload": (SimConfig(seed=14, vllm=True, fault={"rate_rps": 10.0}), "queueing_overload"),
     # Request spans only, plus the engine's scraped /metrics: the KV evidence comes from the samples.
     "vllm_kv_cache_pressure": (
