@@ -156,25 +156,21 @@ def cache_share_fell(before: float, after: float, cfg: DiagnosisConfig) -> bool:
     return before > 0 and before - after >= cfg.cache_share_drop and after / before <= cfg.cache_share_ratio
 
 
-def kv_transfer_shares(facts: Facts) -> tuple[float, float]:
-    """(baseline, current) share of the mean TTFT spent moving the prompt's KV to the decode worker."""
-    tb, tc = facts.req_pair("ttft_mean")
-    kb, kc = facts.req_pair("kv_transfer_mean")
-    return (kb / tb if tb > 0 else math.nan, kc / tc if tc > 0 else math.nan)
-
-
-def kv_transfer_slowed(facts: Facts) -> bool:
-    """Did the KV transfer slow: its share of the mean TTFT up by `kv_transfer_share_increase` and its
-    seconds per transferred token up by `kv_transfer_per_token_ratio`? False on colocated serving."""
+def kv_transfer_slowed(facts: Facts) -> tuple[tuple[float, float], float] | None:
+    """((baseline, current) share of the mean TTFT spent moving the prompt's KV to the decode worker, the
+    ratio of its seconds per transferred token) when the transfer slowed: the share up by
+    `kv_transfer_share_increase` and the per-token time by `kv_transfer_per_token_ratio`. None otherwise,
+    and on colocated serving (no transfer)."""
     cfg = facts.config
     if not (facts.req_baseline("with_kv_transfer") > 0 or facts.req_current("with_kv_transfer") > 0):
-        return False
-    shares = kv_transfer_shares(facts)
-    pb, pc = facts.req_baseline("kv_transfer_s_per_token"), facts.req_current("kv_transfer_s_per_token")
+        return None
+    (tb, tc), (kb, kc) = facts.req_pair("ttft_mean"), facts.req_pair("kv_transfer_mean")
+    shares = (kb / tb if tb > 0 else math.nan, kc / tc if tc > 0 else math.nan)
+    pb, pc = facts.req_pair("kv_transfer_s_per_token")
     ratio = pc / pb if pb > 0 else math.inf
-    return (
-        shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio
-    )
+    if shares[1] - shares[0] >= cfg.kv_transfer_share_increase and ratio >= cfg.kv_transfer_per_token_ratio:
+        return shares, ratio
+    return None
 
 
 def frontend_grew(facts: Facts) -> bool:

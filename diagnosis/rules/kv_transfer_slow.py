@@ -7,12 +7,9 @@ inverse of bandwidth, since KV bytes are proportional to tokens).
 
 from __future__ import annotations
 
-import math
-
 from diagnosis.facts import Facts
 from diagnosis.records import Evidence, Finding
 from diagnosis.rules.base import (
-    kv_transfer_shares,
     kv_transfer_slowed,
     make_finding,
     strength,
@@ -34,11 +31,11 @@ def evaluate(facts: Facts) -> Finding | None:
     0.29 of the change: `unexplained`)."""
     cfg = facts.config
     symptoms = facts.regressed("ttft", "e2e", "goodput")
-    if not symptoms or not kv_transfer_slowed(facts):
-        return None  # colocated serving (no transfer can be slow), nothing regressed, or the link held
-    shares = kv_transfer_shares(facts)
-    per_token = [facts.req_baseline("kv_transfer_s_per_token"), facts.req_current("kv_transfer_s_per_token")]
-    ratio = per_token[1] / per_token[0] if per_token[0] > 0 else math.inf
+    slowed = kv_transfer_slowed(facts) if symptoms else None
+    if slowed is None:
+        return None  # nothing regressed, colocated serving (no transfer can be slow), or the link held
+    shares, ratio = slowed
+    per_token = facts.req_pair("kv_transfer_s_per_token")
     share = with_consequences(facts, ttft_share(facts, "kv_transfer"), (), ("kv_transfer",))
     return make_finding(
         facts,

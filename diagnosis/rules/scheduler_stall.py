@@ -46,7 +46,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     gb, gc = facts.step_baseline("work_gap_mean"), facts.step_current("work_gap_mean")
     if not symptoms or not gaps_grew(facts) or (rpc_grew(facts) and channel_dominates(facts)):
         return None
-    if kv_transfer_slowed(facts):
+    if kv_transfer_slowed(facts) is not None:
         return None  # a decode worker waiting for the KV it reserved blocks for idles between its steps
     share = with_consequences(facts, period_share(facts, "gaps"), ("gaps",), ())
     evidence = [
