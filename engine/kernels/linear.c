@@ -29,7 +29,23 @@
 #define PANEL (2 * LANES)
 #define CHUNK_BYTES 65536 /* weights a thread takes at a time */
 
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096
+#endif
+
 int64_t linear_panel_width(void) { return PANEL; }
+
+/* Ask for the panel row PREFETCH_BYTES ahead of `row` (a panel is read in order, one row of PANEL floats a k).
+ * The hardware prefetcher alone left the stream at 8-16 rows well short of the memory's rate: the FMAs
+ * between loads hide the stream from it (a 2-core AMD EPYC, `small`'s weights, 16 rows: 11.3 -> 6.5 ms).
+ * Past a panel's end it reads the next panel's head, which is read next anyway; a prefetch never faults. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const float *row) {
+    const char *ahead = (const char *)row + PREFETCH_BYTES;
+    __builtin_prefetch(ahead);
+#if PANEL * 4 > 64
+    __builtin_prefetch(ahead + 64);
+#endif
+}
 
 /* Write a [rows, PANEL] tile of accumulators to y (the first `cols` columns), adding the bias. */
 static inline __attribute__((always_inline)) void store(const vec acc[][2], int rows, float *y, int64_t y_stride,
@@ -63,6 +79,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
     vec acc[ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = (vec){0};
     for (int64_t i = 0; i < k; i++) {
+        prefetch_ahead(panel + i * PANEL);
         const vec w0 = vload(panel + i * PANEL), w1 = vload(panel + i * PANEL + LANES);
         for (int r = 0; r < rows; r++) {
             const float xi = x[r * x_stride + i];
@@ -79,6 +96,8 @@ static void tile_1x2(const float *x, const float *panel, int64_t k, float *y, in
     const float *next = panel + k * PANEL;
     vec acc[2][2] = {{{0}, {0}}, {{0}, {0}}};
     for (int64_t i = 0; i < k; i++) {
+        prefetch_ahead(panel + i * PANEL);
+        prefetch_ahead(next + i * PANEL);
         const float xi = x[i];
         acc[0][0] += xi * vload(panel + i * PANEL);
         acc[0][1] += xi * vload(panel + i * PANEL + LANES);
