@@ -177,13 +177,20 @@ def _timed(fn, device: torch.device) -> float:
 
 
 def linear_kernels(core: EngineCore) -> dict[str, object]:
-    """Which kernels the engine's float32 linears take: native up to how many rows, oneDNN above."""
+    """Which kernels the engine's float32 linears take: native up to how many rows (built for which vector
+    unit: `$STEPSCOPE_KERNEL_ISA` may hold it below the CPU's), oneDNN above."""
     linears = [m for m in core.runner.model.modules() if isinstance(m, PackedLinear)]
     if not linears:
         return {"native_max_rows": 0, "onednn": False}
     head = linears[0]
     width = head._native.panel_width if head._native is not None else 0
-    return {"native_max_rows": head.native_max_rows, "panel_width": width, "onednn": head._packed is not None}
+    isa = cpu_info().kernel_isa if head._native is not None else None
+    return {
+        "native_max_rows": head.native_max_rows,
+        "panel_width": width,
+        "kernel_isa": isa,
+        "onednn": head._packed is not None,
+    }
 
 
 def main() -> None:
@@ -264,7 +271,10 @@ def main() -> None:
         "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "decode_b1_roofline": round(roofline, 3),
     }
-    path = results.write("batching-cuda" if on_cuda else "batching", result, vars(args), load_before)
+    name = "batching-cuda" if on_cuda else "batching"
+    if kernels.get("kernel_isa") not in (None, cpu.vector_isa):  # kernels held below the CPU's vector unit
+        name += f"-{kernels['kernel_isa']}"
+    path = results.write(name, result, vars(args), load_before)
     print(f"written to {path}", file=sys.stderr)
     print(json.dumps(result))
 

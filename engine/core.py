@@ -73,7 +73,7 @@ def _pick_linear_kernels(model: torch.nn.Module, config: EngineConfig) -> None:
     native = kernels.linear() if config.kernels == "auto" else None
     if native is not None:
         pack_model(
-            model, onednn=False, native=native, native_max_rows=native_linear_rows(cpu_info().vector_isa)
+            model, onednn=False, native=native, native_max_rows=native_linear_rows(cpu_info().kernel_isa)
         )
     elif packing_available():
         pack_model(model)

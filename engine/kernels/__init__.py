@@ -8,7 +8,8 @@
 - `linear.c`: float32 linears for the few rows of a decode step, each weight streamed once in its own
   row-major layout (engine/packed.py picks it by row count and CPU features).
 
-Both sources build into one shared library, once per source, compiler flags and CPU (`-march=native`), in
+Both sources build into one shared library, once per source, compiler flags and CPU (`-march=native`,
+held to a narrower vector unit by `$STEPSCOPE_KERNEL_ISA`: `cpu.kernel_isa_cap`), in
 `$STEPSCOPE_KERNEL_DIR` (default `~/.cache/stepscope/kernels`), by an atomic rename, so concurrent
 processes never load a half-written file. `-fopenmp` makes it use the OpenMP runtime torch has already
 loaded (the same `libgomp.so.1` soname), so its threads are torch's threads and `torch.set_num_threads`
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from engine.kernels.cpu import KERNEL_ISA_FLAGS, kernel_isa_cap
 from stepscope.native import build_library
 
 log = logging.getLogger(__name__)
@@ -261,7 +263,8 @@ def _build(sources: list[Path]) -> Path:
     """Compile `sources` into one shared library (once per sources, the headers they share, flags,
     compiler and CPU); its path."""
     key = _cpu_fingerprint() + b"".join(h.read_bytes() for h in HEADERS)
-    return build_library("stepscope-kernels", sources, FLAGS, BUILD_TIMEOUT_S, key)
+    flags = FLAGS + KERNEL_ISA_FLAGS[kernel_isa_cap()]
+    return build_library("stepscope-kernels", sources, flags, BUILD_TIMEOUT_S, key)
 
 
 def _cpu_fingerprint() -> bytes:

@@ -41,6 +41,31 @@ class CpuInfo:
             return "avx2"
         return "baseline"
 
+    @property
+    def kernel_isa(self) -> str:
+        """The vector unit the native kernels are built for: `vector_isa`, lowered to
+        `$STEPSCOPE_KERNEL_ISA` when that names a narrower one (see `kernel_isa_cap`)."""
+        cap = kernel_isa_cap()
+        if cap == "native" or VECTOR_ISAS.index(cap) >= VECTOR_ISAS.index(self.vector_isa):
+            return self.vector_isa
+        return cap
+
+
+# Vector units from the narrowest, and the compiler flags that keep `-march=native` code within each: a
+# fleet built for its oldest CPUs, or an AVX2 kernel measured on an AVX-512 machine.
+VECTOR_ISAS = ("baseline", "avx2", "avx512")
+KERNEL_ISA_FLAGS = {"native": [], "avx512": [], "avx2": ["-mno-avx512f"], "baseline": ["-mno-avx"]}
+KERNEL_ISA_ENV = "STEPSCOPE_KERNEL_ISA"
+
+
+def kernel_isa_cap() -> str:
+    """`$STEPSCOPE_KERNEL_ISA`: "native" (the default: the widest unit the CPU has), "avx512", "avx2" or
+    "baseline" (SSE, 4 lanes). RuntimeError naming the choices for any other value."""
+    cap = os.environ.get(KERNEL_ISA_ENV, "native").strip().lower() or "native"
+    if cap not in KERNEL_ISA_FLAGS:
+        raise RuntimeError(f"{KERNEL_ISA_ENV}={cap!r}: expected one of {', '.join(KERNEL_ISA_FLAGS)}")
+    return cap
+
 
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
     """This machine's CPU (the first processor's entry: the cores of one machine share one model)."""

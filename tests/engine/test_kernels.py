@@ -103,3 +103,54 @@ def test_the_cpu_is_described_by_model_cores_and_instruction_sets(tmp_path) -> N
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse4_2 avx avx2 fma\n")
     assert cpu_info(cpuinfo).vector_isa == "avx2"
     assert cpu_info(tmp_path / "absent").isa == ()
+
+
+PANEL_WIDTH = {"avx512": 32, "avx2": 16, "baseline": 8}  # two vectors of float32 per panel
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_the_kernels_can_be_held_to_a_narrower_vector_unit(
+    fresh_kernels, monkeypatch: pytest.MonkeyPatch, cap: str
+) -> None:
+    from engine.kernels.cpu import VECTOR_ISAS, cpu_info
+
+    if VECTOR_ISAS.index(cpu_info().vector_isa) < VECTOR_ISAS.index(cap):
+        pytest.skip(f"this CPU has no {cap}")
+    monkeypatch.setenv("STEPSCOPE_KERNEL_ISA", cap)
+    kernel = kernels.linear()
+    if kernel is None:
+        pytest.skip("no C compiler on this machine")
+    assert cpu_info().kernel_isa == cap
+    assert kernel.panel_width == PANEL_WIDTH[cap]
+    weight, bias, x = torch.randn(70, 96), torch.randn(70), torch.randn(5, 96)
+    torch.testing.assert_close(
+        kernel(x, kernel.panels(weight), bias, 70), torch.nn.functional.linear(x, weight, bias)
+    )
+    llm = LLM(EngineConfig(model="tiny", num_threads=1))
+    reference = LLM(EngineConfig(model="tiny", num_threads=1, kernels="torch"))
+    prompt = [[5, 9, 2, 7, 1, 3]]
+    assert llm.generate(prompt, GREEDY)[0].token_ids == reference.generate(prompt, GREEDY)[0].token_ids
+
+
+def test_an_unknown_kernel_isa_is_named_and_the_engine_serves_on_the_torch_path(
+    fresh_kernels, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("STEPSCOPE_KERNEL_ISA", "avx1024")
+    with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+        llm = LLM(EngineConfig(model="tiny", num_threads=1))
+    assert llm.core.runner.decode_kernel is None
+    assert "STEPSCOPE_KERNEL_ISA='avx1024': expected one of native, avx512, avx2, baseline" in caplog.text
+    assert not list(fresh_kernels.iterdir()), "nothing is built"
+
+
+def test_a_kernel_isa_cap_never_raises_the_cpu_s_own(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.kernels.cpu import cpu_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse4_2 avx avx2 fma\n")
+    monkeypatch.setenv("STEPSCOPE_KERNEL_ISA", "avx512")
+    assert cpu_info(cpuinfo).kernel_isa == "avx2"
+    monkeypatch.setenv("STEPSCOPE_KERNEL_ISA", "baseline")
+    assert cpu_info(cpuinfo).kernel_isa == "baseline"
+    monkeypatch.delenv("STEPSCOPE_KERNEL_ISA")
+    assert cpu_info(cpuinfo).kernel_isa == "avx2"
