@@ -193,7 +193,7 @@ def diagnose(
         if by_load := unexplained.load_explains(facts):
             notes.append(by_load)
         else:
-            notes.append("symptoms regressed but no rule's evidence explains them")
+            notes.append(unexplained.NOTE)
             findings.append(unexplained.explain(facts))
     return Diagnosis(
         window=current,
@@ -271,8 +271,13 @@ def _instances_alone(
         return None
     order = sorted(hit, key=lambda n: -max((f.confidence for f in hit[n].findings), default=0.0))
     findings = []
+    routed = []  # instances whose regression a router's cause explains, fleet-wide
     for n in order:
         d = hit[n]
+        if behind := _router_cause(source, d, cfg, without_rules):
+            findings.append(behind)
+            routed.append(n)
+            continue
         loc = Localization("instances", (n,), 1.0, d.regressions[0].family)
         cut = TimeRange(d.window.start, d.window.end) if d.window else window
         findings += [_scoped(dataclasses.replace(f, scope=None), loc, source, cut, cfg) for f in d.findings]
@@ -283,8 +288,48 @@ def _instances_alone(
         f"the fleet's symptoms held; {', '.join(order)} regressed on its own (diagnosed alone: "
         f"{len(alone)} of {len(instances)} instances, alpha {strict.alpha:g})"
         + (f"; {', '.join(peers)} against its peers in the same time blocks" if peers else "")
+        + (f"; the fleet's router evidence in {', '.join(routed)}'s windows explains it" if routed else "")
     )
-    return dataclasses.replace(worst, findings=tuple(findings), notes=(note, *worst.notes))
+    notes = tuple(m for m in worst.notes if not (routed and m == unexplained.NOTE))
+    return dataclasses.replace(worst, findings=tuple(findings), notes=(note, *notes))
+
+
+# Causes of the router, seen in evidence that is the fleet's by nature (every replica's cache reuse, where
+# shared prefixes and requests land), whose latency can surface on one replica before the fleet's; and what
+# each looks like from that replica alone: scattered prompts bring it prefixes it never held (its distinct
+# keys per request rise, as when the prompts change), a skewed router more arrivals.
+ROUTER_LOOK_ALIKES = {
+    "cache_affinity_lost": ("prefix_cache_miss", unexplained.CAUSE),
+    "routing_imbalance": ("queueing_overload", unexplained.CAUSE),
+}
+
+
+def _router_cause(
+    source: Reader, alone: Diagnosis, cfg: DiagnosisConfig, without_rules: tuple[str, ...]
+) -> Finding | None:
+    """The router's cause behind an instance's regression, when the instance alone shows only its look-
+    alike or nothing a rule explains: the router's rules over the whole fleet's evidence, in the instance's
+    two windows and with its symptoms. The fleet tells them apart (docs/diagnosis.md): the same prompts
+    scattered keep the fleet's distinct keys per request; a router's skew keeps the fleet's arrivals. A dev
+    fleet run: prefix aware -> round robin at a light load moved the cached share 48% -> 18% on every
+    replica, and TTFT rose significantly only on the replica that had held the most reuse."""
+    top = alone.findings[0].cause if alone.findings else unexplained.CAUSE
+    wanted = [c for c, like in ROUTER_LOOK_ALIKES.items() if top in like and c not in without_rules]
+    if not wanted or alone.baseline is None or alone.window is None:
+        return None
+    span = TimeRange(alone.baseline.start, alone.window.end)
+    series = F.series(source, span, _interval(span, cfg))
+    facts = dataclasses.replace(
+        gather(source, alone.baseline, alone.window, series, cfg), regressions=alone.regressions
+    )
+    facts = dataclasses.replace(facts, decomposition=decompose(facts))
+    facts = dataclasses.replace(facts, fleet=localize(source, facts))
+    for rule in RULES:
+        if rule.CAUSE in wanted:
+            out = rule.evaluate(facts)
+            if isinstance(out, Finding):
+                return _scoped(out, facts.fleet, source, facts.window, cfg)
+    return None
 
 
 def _mean_lift(loc: Localization, instance: str) -> float:

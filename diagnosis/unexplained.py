@@ -17,6 +17,7 @@ from diagnosis.records import Evidence, Finding
 from diagnosis.rules import base
 
 CAUSE = "unexplained"
+NOTE = "symptoms regressed but no rule's evidence explains them"  # the diagnosis's note beside the finding
 # Series compared across the split, with the unit their name carries; the ones that moved most are
 # reported (each scored by its shift in pooled standard deviations across the intervals).
 SERIES = (

@@ -90,6 +90,28 @@ CASES = {
         **{n: SHARED | {"tenants": TENANTS[i::3], "shared_fraction": 0.35} for i, n in enumerate(IDS[:2])},
         r2=SHARED | {"tenants": TENANTS[2::3], "shared_fraction": 0.8, "prefix_change_fraction": 0.5},
     ),
+    # Scattered as in "scattered", while the router sends r0 half its traffic and r1, r2 sped up (clocks
+    # restored): the fleet's percentiles hold, r0's TTFT rises. From r0 alone it looks like changed prompts
+    # (prefixes it never held); the fleet's keys per request say the prompts are the same, scattered.
+    "scattered_surfacing_on_one": _fleet(
+        11 * HOUR,
+        {
+            "r0": {"tenants": TENANTS, "rate_rps": 1.5},
+            "r1": {"tenants": TENANTS, "clock_factor": 0.4},
+            "r2": {"tenants": TENANTS, "clock_factor": 0.4},
+        },
+        **{n: SHARED | {"tenants": TENANTS[i::3]} for i, n in enumerate(IDS)},
+    ),
+    # The router sends r0 5 of every 9 requests (was 3), its peers 2 each, sped up: the fleet's arrivals and
+    # percentiles hold, r0 queues. From r0 alone it looks like more load; the fleet's says a skew.
+    "skew_surfacing_on_one": _fleet(
+        12 * HOUR,
+        {
+            "r0": {"rate_rps": 5.0},
+            "r1": {"rate_rps": 2.0, "clock_factor": 0.6},
+            "r2": {"rate_rps": 2.0, "clock_factor": 0.6},
+        },
+    ),
 }
 
 
@@ -239,6 +261,29 @@ def test_scattered_prompts_that_moved_the_regressed_replicas_prompt_mix_are_cach
     assert after / before > 1.25  # the regressed replicas' own prompts grew past steady_prompt_ratio
     causes = {f["cause"] for f in d["findings"]}
     assert causes.isdisjoint({"long_prompts", "prefix_cache_miss", "unexplained"})
+
+
+@pytest.mark.parametrize(
+    ("case", "cause", "look_alike", "scope"),
+    [
+        ("scattered_surfacing_on_one", "cache_affinity_lost", "prefix_cache_miss", list(IDS)),
+        ("skew_surfacing_on_one", "routing_imbalance", "queueing_overload", ["r0"]),
+    ],
+)
+def test_a_routers_cause_surfacing_on_one_replica_is_named_from_the_fleets_evidence(
+    source, case, cause, look_alike, scope
+):
+    """One replica regressed on its own; what it sees alone looks like another cause, and the fleet's
+    evidence in the same windows names the router."""
+    d = _diagnose(source, case)
+    assert d["notes"][0].startswith("the fleet's symptoms held; r0 regressed on its own")
+    assert "the fleet's router evidence in r0's windows explains it" in d["notes"][0]
+    top = d["findings"][0]
+    assert top["cause"] == cause and top["scope"]["instances"] == scope
+    assert {f["cause"] for f in d["findings"]}.isdisjoint({look_alike, "unexplained"})
+    t0 = CASES[case][0].t0
+    whole = diagnose(source, TimeRange(t0, t0 + 240.0)).to_json()  # no baseline given: the change point's
+    assert whole["findings"][0]["cause"] == cause
 
 
 def test_the_instance_filter_diagnoses_one_healthy_replica_as_healthy(source):
