@@ -140,10 +140,12 @@ class DiagnosisConfig:
     # and 0.29 -> 0.48 (the engine did more work, not the same work more slowly).
     own_cpu_rise: float = 0.1
     own_cpu_ratio: float = 1.25
-    # Load noise: a regression with no finding is the load's when arrivals and the running batch rose by
-    # at least this (but not past arrival_ratio with significance) and batch size and prefill in decode
-    # steps carry `load_share` of the step period's growth (queue and prefill of TTFT's); a healthy run
-    # at one Poisson rate: arrivals 59 -> 82 a side, batch 1.14 -> 1.59, their share of the growth 0.83.
+    # Load noise: a regression with no finding is the load's when the running batch rose by at least this,
+    # arrivals held (within its inverse) or rose (not past arrival_ratio with significance), and batch
+    # size and prefill in decode steps carry `load_share` of the step period's growth (queue and prefill
+    # of TTFT's). Healthy dev runs at one Poisson rate: arrivals 59 -> 82 a side, batch 1.14 -> 1.59,
+    # their share of the growth 0.83; arrivals x1.04 bunched in a run's last 21 s near saturation, batch
+    # 1.81 -> 2.68, step time at equal batch x1.03, their share 0.96.
     load_noise_ratio: float = 1.1
     load_share: float = 0.6
     # Long outputs: output tokens per request up by half (healthy halves: mean within ~10%).

@@ -124,20 +124,22 @@ def load_explains(facts: Facts) -> str | None:
     """A note when the regression is what a busier spell of the same demand does to an unchanged engine;
     None otherwise (then the regression is `unexplained`).
 
-    Poisson arrivals at one rate put ~20-40% more requests into one half of a short run than the other;
-    more running sequences and more prefills riding in decode steps then raise TPOT and TTFT at the same
-    engine speed. That is explained, by the load, when everything else held: arrivals rose but not past
-    `arrival_ratio` with significance (`rules.base.demand_grew`, else it is demand growth: overload's
-    domain), the batch grew, the step time at equal batch size held (below `equal_batch_ratio`), the
-    growth of the step period is mostly batch size and prefill in decode steps (`load_share`), TTFT grew
-    in queue and prefill only, throughput and errors held, the request mix, the configuration, the cache
-    hit share, the gaps, the RPC delay, the front end and the KV transfer held. Needs step spans."""
+    Poisson arrivals at one rate put ~20-40% more requests into one half of a short run than the other,
+    and bunch within a window at the same count; more running sequences and more prefills riding in decode
+    steps then raise TPOT and TTFT at the same engine speed. That is explained, by the load, when everything
+    else held: arrivals held or rose but not past `arrival_ratio` with significance
+    (`rules.base.demand_grew`, else it is demand growth: overload's domain), the batch grew, the step
+    time at equal batch size held (below `equal_batch_ratio`), the growth of the step period is mostly
+    batch size and prefill in decode steps (`load_share`), TTFT grew in queue and prefill only, throughput
+    and errors held, the request mix, the configuration, the cache hit share, the gaps, the RPC delay, the
+    front end and the KV transfer held. Needs step spans."""
     cfg = facts.config
     if facts.regressed("throughput", "error_rate") or facts.steps is None:
         return None
     arrivals = facts.req_ratio("rate_rps", 1.0)
     batch = facts.step_ratio("batch_mean", 1.0)
-    if not (arrivals >= cfg.load_noise_ratio and batch >= cfg.load_noise_ratio) or base.demand_grew(facts):
+    busier = arrivals * cfg.load_noise_ratio >= 1 and batch >= cfg.load_noise_ratio
+    if not busier or base.demand_grew(facts):
         return None
     period = facts.decomposition.get("step_period", {})
     if not period.get("available") or not period.get("equal_batch_ratio", math.inf) < cfg.equal_batch_ratio:

@@ -44,6 +44,10 @@ class SimConfig:
     scrape_limit: bool = True  # the page publishes max_num_seqs (stepscope:max_num_seqs; vLLM's does not)
     # workload
     rate_rps: float = 4.0
+    # > 0: the same mean rate bunched, rate_rps * (1 + bunching) and * (1 - bunching) in alternate
+    # `bunch_s` spells (a client population that acts together)
+    bunching: float = 0.0
+    bunch_s: float = 5.0
     clients: int = 0  # > 0: closed loop with this many clients
     prompt_median: int = 96
     prompt_factor: float = 1.0
@@ -173,7 +177,9 @@ class Simulator:
     def arrivals(self) -> list[float]:
         times, t = [], 0.0
         while t < self.base.duration_s:
-            t += self.rng.exponential(1.0 / self.cfg(t).rate_rps)
+            c = self.cfg(t)
+            swing = c.bunching if int(t // c.bunch_s) % 2 == 0 else -c.bunching
+            t += self.rng.exponential(1.0 / (c.rate_rps * (1 + swing)))
             times.append(t)
         return times
 

@@ -16,7 +16,8 @@ from diagnosis import facts as F
 from diagnosis.config import DiagnosisConfig
 
 FAULTS = [name for name, (_, cause) in SCENARIOS.items() if cause and not name.startswith("vllm")]
-HEALTHY = [name for name, (_, cause) in SCENARIOS.items() if cause is None]
+# bunched_arrivals is healthy over its whole window only (diag_scenarios)
+HEALTHY = [name for name, (_, cause) in SCENARIOS.items() if cause is None and name != "bunched_arrivals"]
 
 
 def whole(name: str) -> TimeRange:
@@ -109,6 +110,16 @@ def test_a_busier_spell_of_the_same_demand_regresses_and_the_load_explains_it(
     assert {r["metric"] for r in result["regressions"]} & {"ttft_p50", "tpot_p50", "tpot_p99"}
     assert result["findings"] == []
     assert any("busier spell of the same demand" in note for note in result["notes"])
+
+
+def test_arrivals_bunching_at_the_same_count_is_the_loads_doing_not_unexplained(
+    scenario_source: StoreReader,
+) -> None:
+    result = diagnose(scenario_source, window=whole("bunched_arrivals")).to_json()
+    assert {r["metric"] for r in result["regressions"]} & {"ttft_p50", "ttft_p99"}
+    assert result["findings"] == []
+    note = next(n for n in result["notes"] if "busier spell of the same demand" in n)
+    assert "arrivals x0.98" in note
 
 
 def test_vllm_shaped_trace_gives_request_level_findings_only(scenario_source: StoreReader) -> None:
