@@ -275,7 +275,8 @@ def _instances_alone(
     for n in order:
         d = hit[n]
         if behind := _router_cause(source, d, cfg, without_rules):
-            findings.append(behind)
+            if behind.cause not in {f.cause for f in findings}:  # one router, one finding for its replicas
+                findings.append(behind)
             routed.append(n)
             continue
         loc = Localization("instances", (n,), 1.0, d.regressions[0].family)
