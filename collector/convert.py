@@ -152,10 +152,11 @@ def traces(request: Any) -> Batch:
         raise PayloadError("a span or event time is past the year 2262") from None
     except DecodeError as e:  # an attribute that is not a KeyValue (a payload not parsed before)
         raise PayloadError(f"malformed protobuf ExportTraceServiceRequest: {e}") from None
-    return _trace_batch(table, bad)
+    return trace_batch(table, bad)
 
 
-def _trace_batch(table: pa.Table | None, rejected: int, deferred_rows: int = 0) -> Batch:
+def trace_batch(table: pa.Table | None, rejected: int, deferred_rows: int = 0) -> Batch:
+    """otel_traces rows (or, with `deferred_rows`, only their count) and the spans rejected."""
     batch = Batch(deferred_rows=deferred_rows)
     if table is not None:
         batch.tables["otel_traces"], batch.columns["otel_traces"] = table, TRACE_COLUMNS
@@ -176,7 +177,7 @@ def check_traces(payload: bytes) -> Batch:
     if decoder is None:  # one per thread, reused: its buffers stay allocated
         decoder = _checkers.decoder = spans.SpanDecoder()
     rows, rejected = decoder.check(payload)
-    return _trace_batch(None, rejected, deferred_rows=rows)
+    return trace_batch(None, rejected, deferred_rows=rows)
 
 
 _checkers = threading.local()
@@ -192,7 +193,7 @@ def traces_rows(payloads: list[bytes]) -> tuple[Batch, list[int]]:
                 decoder.feed(payload)
             except PayloadError:
                 bad.append(i)
-        return _trace_batch(decoder.table(), 0), bad
+        return trace_batch(decoder.table(), 0), bad
 
 
 def traces_payload(payload: bytes) -> Batch:
@@ -200,7 +201,7 @@ def traces_payload(payload: bytes) -> Batch:
     if spans.available():
         with spans.SpanDecoder() as decoder:
             rejected = decoder.feed(payload)
-            return _trace_batch(decoder.table(), rejected)
+            return trace_batch(decoder.table(), rejected)
     try:
         request = RawTraceRequest.FromString(payload)
     except (DecodeError, RuntimeError, ValueError) as e:

@@ -1,22 +1,22 @@
 """Acknowledge a batch once it is fsynced to the spool; insert spooled batches into the store in groups.
 
-    request -> decode (check) -> spool.put (fsync) -> ack
+    request -> decode (held) -> spool.put (fsync) -> ack
                                         |
-    insert thread: pending entries -> group manifest (fsync) -> decode the group's spans into one
-                   Arrow table -> one insert per table (group token) -> remove entries, then the manifest
+    insert thread: pending entries -> group manifest (fsync) -> the group's held rows as one Arrow table
+                   -> one insert per table (group token) -> remove entries, then the manifest
 
 Every batch takes the same road, so "acknowledged" always means "on disk", whether the store is up, slow or
 unreachable, and the store sees few large inserts instead of many small ones: ClickHouse's cost per insert
 (a part per table and per view) is what limits a row-at-a-time pipeline, not the rows. A group replayed
 after a crash carries the token it was recorded with, so ClickHouse drops what had already gone in.
 
-Spans go through the compiled decoder (collector/spans.py) twice: in the request thread to refuse what does
-not parse and count what is rejected, before the acknowledgement; then straight from the spooled bytes of a
-whole group into one table, mostly in a helper thread while the previous group is being inserted. Decoding
-is cheaper than holding columns and merging them, and nothing but the spool holds a request once it is
-acknowledged. Without a C compiler spans are converted
-in Python when they arrive (in `--convert-workers` processes), kept in memory up to CACHE_MAX_ROWS and
-merged per group, as metrics and logs are.
+Spans go through the compiled decoder (collector/spans.py) once, in the request thread before the
+acknowledgement: the decode refuses what does not parse and counts what is rejected, and its rows are held
+in memory (collector/held.py, up to HELD_MAX_ROWS) until their group is inserted, as slices of one table
+with no copy. What is not held (spooled before a restart, or past the bound) is decoded straight from the
+spooled bytes of a whole group, mostly in a helper thread while the previous group is being inserted.
+Without a C compiler spans are converted in Python when they arrive (in `--convert-workers` processes),
+kept in memory up to CACHE_MAX_ROWS and merged per group, as metrics and logs are.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from collector import convert, otlp, sglang, spans
+from collector.held import HeldSpans
 from collector.spool import Entry, Spool, SpoolFull
 from collector.store import Store, StoreError, StoreUnavailable
 from collector.workers import ConvertPool
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 # while ClickHouse takes them: decoded, Arrow IPC, the client's copy, chDB's read and its columns).
 GROUP_MAX_ROWS = 50_000
 CACHE_MAX_ROWS = 500_000  # converted rows kept in memory for the insert thread; past it, re-decoded from disk
+HELD_MAX_ROWS = 100_000  # spans decoded on arrival and held (about 90 MB); past it, decoded again at insert
 # A group under GROUP_MIN_ROWS waits for more while batches keep coming (the newest is under QUIET_S old),
 # for up to LINGER_MAX_S after its oldest. ClickHouse's CPU per row is several times higher in inserts of a
 # few thousand rows than of 20,000 (a part per table and view, then merges of those parts: docs/collector.md),
@@ -102,6 +104,7 @@ class Ingestor:
         self._cached_rows = 0
         self._sizes: dict[str, int] = {}  # spool file name -> rows, of batches decoded at insert
         self._native = False  # spans through the compiled decoder (set in start())
+        self._held: HeldSpans | None = None  # spans decoded on arrival, until inserted (with the decoder)
         self._finishing = False
         self.sglang_groups = 0  # groups inserted with SGLang request roots (the SGLang assembler waits)
         self._attempts: dict[str, int] = {}
@@ -117,6 +120,8 @@ class Ingestor:
         fatal (batches spool until it does); a chDB directory held by another process is (StoreError)."""
         self.spool.open()
         self._native = spans.available()
+        if self._native and self._held is None:
+            self._held = HeldSpans(HELD_MAX_ROWS)
         if self._convert_workers > 0 and not self._native:  # the compiled decoder needs no workers
             self._workers = ConvertPool(self._convert_workers)
             self._workers.start()
@@ -175,22 +180,30 @@ class Ingestor:
                 raise Backpressure(429, "too many concurrent export requests", self.retry_after_s)
             self._inflight += 1
         try:
-            if signal == "traces" and self._native:
-                batch = convert.check_traces(decoded.payload)
+            ticket = None
+            if signal == "traces" and self._held is not None:
+                ticket, batch = self._held.feed(decoded.payload)
             else:
                 batch = self._convert(signal, decoded.message, decoded.payload)
             if batch.tables or batch.deferred_rows:
-                token = batch_token(signal, decoded.payload)
+                token, arrival_ns = batch_token(signal, decoded.payload), time.time_ns()
+                if ticket is not None:  # named before the spool shows the entry to the insert thread
+                    name = self.spool.name_of(signal, token, arrival_ns)
+                    self._held.attach(name, ticket)
                 try:
-                    entry = self.spool.put(signal, token, decoded.payload, time.time_ns())
-                except SpoolFull as e:
-                    detail = f"{e}; the store is {self.store_error or 'behind'}"
-                    raise Backpressure(503, detail, self.retry_after_s * 5) from e
+                    entry = self.spool.put(signal, token, decoded.payload, arrival_ns)
+                except BaseException as e:
+                    if ticket is not None:
+                        self._held.drop(ticket, name)
+                    if isinstance(e, SpoolFull):
+                        detail = f"{e}; the store is {self.store_error or 'behind'}"
+                        raise Backpressure(503, detail, self.retry_after_s * 5) from e
+                    raise
                 rows = _rows(batch)
-                with self._lock:
-                    if batch.deferred_rows:
+                with self._lock:  # held rows are sized by self._held
+                    if ticket is None and batch.deferred_rows:
                         self._sizes[entry.path.name] = batch.deferred_rows
-                    elif self._cached_rows + rows <= CACHE_MAX_ROWS:
+                    elif ticket is None and self._cached_rows + rows <= CACHE_MAX_ROWS:
                         self._cache[entry.path.name] = batch
                         self._cached_rows += rows
                 self._wake.set()
@@ -310,7 +323,7 @@ class Ingestor:
         ahead, rows = [], 0
         for entry in pending:
             name = entry.path.name
-            if name in taken or name in self._alone:
+            if name in taken or name in self._alone or (self._held is not None and name in self._held):
                 continue
             if entry.signal != "traces" or name in self._cache:
                 break  # keep to a run of spooled spans at the front of what is pending
@@ -362,6 +375,11 @@ class Ingestor:
         together into one table (some of them ahead, during the previous insert). An entry that cannot be
         read or parsed is set aside."""
         done, batches = self._take_ahead(entries)
+        if self._held is not None:
+            held, table = self._held.take(e.path.name for e in entries if e.path.name not in done)
+            if table is not None:
+                batches.append(convert.trace_batch(table, 0))
+            done |= held
         decode = []
         for entry in entries:
             if entry.path.name in done:
@@ -406,11 +424,16 @@ class Ingestor:
         batch = self._cache.get(entry.path.name)
         if batch is not None:
             return _rows(batch)
+        held = self._held.rows_of(entry.path.name) if self._held is not None else None
+        if held is not None:
+            return held
         rows = self._sizes.get(entry.path.name)
         # an entry from before a restart is about 400 bytes a row in protobuf: good enough to size groups
         return rows if rows is not None else max(1, entry.size // 400)
 
     def _forget(self, entries: list[Entry]) -> None:
+        if self._held is not None:
+            self._held.release(e.path.name for e in entries)
         with self._lock:
             for entry in entries:
                 batch = self._cache.pop(entry.path.name, None)

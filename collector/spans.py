@@ -31,7 +31,7 @@ from stepscope.native import build_library
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("spans.c")
-FLAGS = ["-O2", "-fPIC", "-shared", "-fno-strict-aliasing"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-fno-strict-aliasing"]
 BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()

@@ -87,7 +87,7 @@ class Spool:
                 raise SpoolFull(f"spool {self.directory} is full ({self._bytes} of {self.max_bytes} bytes)")
             self._bytes += len(payload)
             self._count += 1
-        name = f"{arrival_ns:020d}-{signal}-{token}.otlp"
+        name = self.name_of(signal, token, arrival_ns)
         final = self.directory / name
         tmp = self.directory / f".tmp-{name}"
         try:
@@ -111,6 +111,11 @@ class Spool:
         with self._lock:
             self._entries[name] = entry
         return entry
+
+    @staticmethod
+    def name_of(signal: str, token: str, arrival_ns: int) -> str:
+        """The file name `put` gives a batch."""
+        return f"{arrival_ns:020d}-{signal}-{token}.otlp"
 
     def pending(self) -> list[Entry]:
         """Spooled batches, oldest first."""
