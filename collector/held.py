@@ -9,7 +9,7 @@ spooling failed are never referenced.
 
     ticket, batch = held.feed(payload)            # ticket None: over the bound, only checked
     held.attach(name, ticket)                     # before the spool publishes the entry `name`
-    names, table = held.take(names)               # the held rows of those entries, as one table
+    names, tables = held.take(names)              # the held rows of those entries, a table per generation
     held.release(names)                           # after the insert (or when the entries are dropped)
 
 At most `max_rows` rows are held; past that a request is only checked, and its spans are decoded again
@@ -89,34 +89,27 @@ class HeldSpans:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
-    def take(self, names: Iterable[str]) -> tuple[set[str], pa.Table | None]:
-        """The held rows of those of `names` that have them, as one table: (those names, table). Slices of
-        one generation are returned as they are (chunks sharing its dictionaries); rows of several are
-        merged into one block."""
+    def take(self, names: Iterable[str]) -> tuple[set[str], list[pa.Table]]:
+        """The held rows of those of `names` that have them: (those names, a table per generation they were
+        fed in). Each table is slices of its generation as they are, chunks sharing its dictionaries;
+        `convert.merge` makes tables of several generations one block."""
         with self._lock:
-            tickets = {name: self._entries[name] for name in names if name in self._entries}
-            if not tickets:
-                return set(), None
-            if any(t.generation == self._generation for t in tickets.values()):
+            tickets = [(name, self._entries[name]) for name in names if name in self._entries]
+            if any(t.generation == self._generation for _, t in tickets):
                 self._tables[self._generation] = self._decoder.table()
                 self._generation += 1
-            tables = {t.generation: self._tables[t.generation] for t in tickets.values()}
-        pieces = []
-        for generation, table in sorted(tables.items()):
-            ranges = sorted((t.start, t.end) for t in tickets.values() if t.generation == generation)
-            runs = [list(ranges[0])]
-            for start, end in ranges[1:]:
-                if start == runs[-1][1]:
+            generations = {t.generation: self._tables[t.generation] for _, t in tickets}
+        out = []
+        for generation, table in sorted(generations.items()):
+            runs: list[list[int]] = []  # adjacent rows in one slice
+            for start, end in sorted((t.start, t.end) for _, t in tickets if t.generation == generation):
+                if runs and start == runs[-1][1]:
                     runs[-1][1] = end
                 else:
                     runs.append([start, end])
-            pieces += [table.slice(start, end - start) for start, end in runs]
-        if len(pieces) == 1:
-            return set(tickets), pieces[0]
-        merged = pa.concat_tables(pieces)
-        if len(tables) > 1:  # each generation has dictionaries of its own
-            merged = merged.unify_dictionaries().combine_chunks()
-        return set(tickets), merged
+            pieces = [table.slice(start, end - start) for start, end in runs]
+            out.append(pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces))
+        return {name for name, _ in tickets}, out
 
     def release(self, names: Iterable[str]) -> None:
         """Forget the rows of entries that were inserted (or set aside)."""
@@ -125,11 +118,6 @@ class HeldSpans:
                 ticket = self._entries.pop(name, None)
                 if ticket is not None:
                     self._unref(ticket)
-
-    def close(self) -> None:
-        with self._lock:
-            self._decoder.close()
-            self._tables.clear()
 
     def _unref(self, ticket: Ticket) -> None:
         self._rows -= ticket.end - ticket.start

@@ -376,9 +376,8 @@ class Ingestor:
         read or parsed is set aside."""
         done, batches = self._take_ahead(entries)
         if self._held is not None:
-            held, table = self._held.take(e.path.name for e in entries if e.path.name not in done)
-            if table is not None:
-                batches.append(convert.trace_batch(table, 0))
+            held, tables = self._held.take(e.path.name for e in entries if e.path.name not in done)
+            batches += [convert.trace_batch(table, 0) for table in tables]
             done |= held
         decode = []
         for entry in entries:

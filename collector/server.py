@@ -115,7 +115,7 @@ def create_app(config: CollectorConfig, *, background: Sequence[BackgroundTask] 
         return out
 
     # A plain Starlette route, not a FastAPI one: FastAPI's dependency and parameter solving costs more per
-    # request than the rest of the event loop's share of an export (docs/collector.md, "Performance").
+    # request than the rest of the event loop's share of an export (docs/collector.md, "The ingest path").
     async def export(request: Request) -> Response:
         await authenticate(request)
         signal = request.path_params["signal"]
