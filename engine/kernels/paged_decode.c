@@ -184,6 +184,34 @@ static inline __attribute__((always_inline)) void chunk_values(float *acc, const
     for (int c = 0; c < nv; c++) vstore(acc + c * LANES, a[c]);
 }
 
+/* chunk_values for two query heads that read the same V rows: each V vector is loaded once for both, a
+ * quarter of the head dim at a time (8 accumulators). Each output gets the same sums, in the same order. */
+#define PAIR_NV 4
+static inline __attribute__((always_inline)) void chunk_values_pair(float *acc0, float *acc1, const float *w0,
+                                                                    const float *w1, const float *v, int64_t row,
+                                                                    int64_t n, const int nv) {
+    for (int c0 = 0; c0 < nv; c0 += PAIR_NV) {
+        const int m = nv - c0 < PAIR_NV ? nv - c0 : PAIR_NV;
+        vec a[PAIR_NV], b[PAIR_NV];
+        for (int c = 0; c < m; c++) {
+            a[c] = vload(acc0 + (c0 + c) * LANES);
+            b[c] = vload(acc1 + (c0 + c) * LANES);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const float x = w0[j], y = w1[j];
+            for (int c = 0; c < m; c++) {
+                const vec vj = vload(v + j * row + (c0 + c) * LANES);
+                a[c] += x * vj;
+                b[c] += y * vj;
+            }
+        }
+        for (int c = 0; c < m; c++) {
+            vstore(acc0 + (c0 + c) * LANES, a[c]);
+            vstore(acc1 + (c0 + c) * LANES, b[c]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void attend_span_vec(
     const float *q, const float *k_cache, const float *v_cache, const int64_t *table, int64_t key_start,
     int64_t begin, int64_t end, int64_t kv_head, int64_t kv_count, int64_t group, int64_t num_kv_heads,
@@ -218,18 +246,21 @@ static inline __attribute__((always_inline)) void attend_span_vec(
         for (int64_t j = 0; j < n; j++) {
             if (j < next_n) prefetch_rows(next[j], v_cache - k_cache, span_floats);
             const float *kr = k + j * row;
-            for (int64_t h = 0, qi = 0; h < kv_count; h++)
+            for (int64_t h = 0, qi = 0; h < kv_count; h++) {
+                vec kh[MAX_NV]; /* the head's K row, loaded once for every query head of its group */
+                for (int c = 0; c < nv; c++) kh[c] = vload(kr + h * dim + c * LANES);
                 for (int64_t gi = 0; gi < group; gi++, qi++) {
-                    const float *qq = q + qi * dim, *kh = kr + h * dim;
+                    const float *qq = q + qi * dim;
                     vec p0 = (vec){0}, p1 = (vec){0}; /* two chains of adds */
                     int c = 0;
                     for (; c + 1 < nv; c += 2) {
-                        p0 += vload(qq + c * LANES) * vload(kh + c * LANES);
-                        p1 += vload(qq + (c + 1) * LANES) * vload(kh + (c + 1) * LANES);
+                        p0 += vload(qq + c * LANES) * kh[c];
+                        p1 += vload(qq + (c + 1) * LANES) * kh[c + 1];
                     }
-                    if (c < nv) p0 += vload(qq + c * LANES) * vload(kh + c * LANES);
+                    if (c < nv) p0 += vload(qq + c * LANES) * kh[c];
                     partial[qi][j] = p0 + p1;
                 }
+            }
         }
         for (int64_t j = n; j < next_n; j++) prefetch_rows(next[j], v_cache - k_cache, span_floats);
         for (int64_t j = n; j < LANES; j++)
@@ -252,8 +283,16 @@ static inline __attribute__((always_inline)) void attend_span_vec(
             run_sum[qi] += hsum(w);
             vstore(weights[qi], w);
         }
-        for (int64_t qi = 0; qi < queries; qi++)
-            chunk_values(acc + qi * dim, weights[qi], v + (qi / group) * dim, row, n, nv);
+        for (int64_t qi = 0; qi < queries;) {
+            const float *vh = v + (qi / group) * dim;
+            if (qi + 1 < queries && (qi + 1) / group == qi / group) { /* two query heads of one KV head */
+                chunk_values_pair(acc + qi * dim, acc + (qi + 1) * dim, weights[qi], weights[qi + 1], vh, row, n, nv);
+                qi += 2;
+            } else {
+                chunk_values(acc + qi * dim, weights[qi], vh, row, n, nv);
+                qi += 1;
+            }
+        }
         first += n;
     }
 }
