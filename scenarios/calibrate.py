@@ -25,7 +25,14 @@ from pathlib import Path
 
 from loadgen.runner import LoadSpec, RunOptions, run_load
 from scenarios.config import ScenarioConfig, fault_workload, workloads
-from scenarios.procs import isolate_harness, isolates, start_collector, start_server, warm_up
+from scenarios.procs import (
+    COLLECTOR_START_S,
+    isolate_harness,
+    isolates,
+    launch_collector,
+    start_server,
+    warm_up,
+)
 from stepscope.procs import Proc, free_port
 
 PROBE_S = 20.0
@@ -76,14 +83,16 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     procs: list[Proc] = []
     unpin = isolate_harness(isolates(cfg))  # as the run is: the collector on the harness cores
     try:
-        otlp, port = None, free_port()
+        otlp, port, collector = None, free_port(), None
         if traced:
-            collector, otlp = start_collector(
+            collector, otlp = launch_collector(
                 store, out / "calibrate-collector.log", port if cfg.scrape else None, cfg.scrape_interval_s
             )
             procs.append(collector)
         server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), otlp, port)
         procs.append(server)
+        if collector is not None:
+            collector.wait_http(otlp + "/health", COLLECTOR_START_S)
         warm_up(url, cfg.model)  # a fresh process's first steps are slow: keep them out of the figure
         seqs = int(cfg.max_num_seqs) * cfg.replicas  # a fleet's batches all kept full
         c_shared = max(1, round(seqs * cfg.shared_fraction))

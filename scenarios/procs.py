@@ -149,6 +149,24 @@ def start_collector(
 ) -> tuple[Proc, str]:
     """`stepscope collector` on chDB in `store`; (process, base URL) once healthy. With `scrape_port`, it
     scrapes the engine's /metrics there as service stepscope-engine (the engine's service.name)."""
+    proc, url = launch_collector(store, log, scrape_port, scrape_interval_s)
+    try:
+        proc.wait_http(url + "/health", COLLECTOR_START_S)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
+
+
+COLLECTOR_START_S = 120.0
+
+
+def launch_collector(
+    store: Path, log: Path, scrape_port: int | None = None, scrape_interval_s: float = 1.0
+) -> tuple[Proc, str]:
+    """`start_collector` without the wait: the engine can boot beside it (a collector takes 2-3 s to
+    come up, an engine 4-5 s). Wait for it with `proc.wait_http(url + "/health", COLLECTOR_START_S)`
+    before the first span matters; the engine's exporters retry until it answers."""
     port = free_port()
     args = ["collector", "--store", f"chdb://{store}", "--port", str(port), "--log-level", "warning"]
     if scrape_port is not None:
@@ -159,36 +177,48 @@ def start_collector(
             f'instance = "{engine_instance(scrape_port)}"\nservice = "{DEFAULT_SERVICE_NAME}"\n'
         )
         args += ["--config", str(config)]
-    proc = Proc(args, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http(url + "/health", 120)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, url
+    return Proc(args, log), f"http://127.0.0.1:{port}"
 
 
-def count_rows(collector_url: str, table: str) -> int:
-    """Rows in a table, through the collector's read-only SQL API (-1 when it does not answer)."""
+def count_rows(collector_url: str, table: str, http: httpx.Client | None = None) -> int:
+    """Rows in a table, through the collector's read-only SQL API (-1 when it does not answer); `http`, a
+    client to reuse (one made per call loads the TLS trust store)."""
+    body = {"sql": f"SELECT count() FROM {table}"}
     try:
-        r = httpx.post(f"{collector_url}/api/sql", json={"sql": f"SELECT count() FROM {table}"}, timeout=10)
+        if http is None:
+            r = httpx.post(f"{collector_url}/api/sql", json=body, timeout=10)
+        else:
+            r = http.post(f"{collector_url}/api/sql", json=body)
         return int(r.json()["rows"][0][0]) if r.status_code == 200 else -1
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         return -1
 
 
 def wait_flushed(collector_url: str, timeout_s: float = 60.0, quiet_s: float = 3.0) -> int:
-    """Poll `requests` until its count stops growing for `quiet_s`; returns the count."""
+    """The rows in `requests` once what the collector acknowledged is stored; call it after the engines
+    have stopped (their exporters flush on the way out). Done when /health shows nothing spooled and
+    `requests` kept its count between two polls; a collector that does not say what it has spooled is
+    waited for until the count stops growing for `quiet_s`. Returns the count (-1: no answer)."""
     deadline, last, since = time.monotonic() + timeout_s, -2, time.monotonic()
-    while time.monotonic() < deadline:
-        n = count_rows(collector_url, "requests")
-        if n != last:
-            last, since = n, time.monotonic()
-        elif n >= 0 and time.monotonic() - since >= quiet_s:
-            break
-        time.sleep(0.5)
+    with httpx.Client(timeout=10, trust_env=False) as http:
+        while time.monotonic() < deadline:
+            n = count_rows(collector_url, "requests", http)
+            drained = _spooled(http, collector_url) == 0
+            if n != last:
+                last, since = n, time.monotonic()
+            elif n >= 0 and (drained or time.monotonic() - since >= quiet_s):
+                break
+            time.sleep(0.2 if drained else 0.5)
     return last
+
+
+def _spooled(http: httpx.Client, collector_url: str) -> int | None:
+    """The collector's spooled batches, from /health (None: it did not say)."""
+    try:
+        r = http.get(f"{collector_url}/health")
+        return int(r.json()["spooled_batches"]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def warm_up(url: str, model: str) -> None:

@@ -33,11 +33,12 @@ from scenarios.calibrate import capacity
 from scenarios.config import ScenarioConfig, fault_clients, fault_workload, load_specs, workloads
 from scenarios.faults import FAULTS, MIN_REQUESTS_PER_SIDE, Fault, min_duration_s
 from scenarios.procs import (
+    COLLECTOR_START_S,
     Proc,
     engine_cores,
     isolate_harness,
     isolates,
-    start_collector,
+    launch_collector,
     start_neighbours,
     start_server,
     stop_neighbours,
@@ -196,12 +197,13 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
-        collector, collector_url = start_collector(
+        collector, collector_url = launch_collector(
             cfg.out, cfg.out / "collector.log", engine_port if cfg.scrape else None, cfg.scrape_interval_s
         )
         procs.append(collector)
         server, url = start_server(cfg, cfg.out / "server.log", token, collector_url, engine_port)
         procs.append(server)
+        collector.wait_http(collector_url + "/health", COLLECTOR_START_S)
         warm_up(url, cfg.model)
         cfg.log(
             f"scenario: {cfg.fault or 'healthy'}={cfg.value} "

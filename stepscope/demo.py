@@ -241,7 +241,7 @@ class Demo:
         return rate
 
     def _start(self, rate: float) -> None:
-        from scenarios.procs import start_collector, start_server, warm_up
+        from scenarios.procs import COLLECTOR_START_S, launch_collector, start_server, warm_up
         from stepscope.procs import Proc, free_port
 
         cfg, sc = self.cfg, self.scenario
@@ -251,12 +251,13 @@ class Demo:
             else "the collector (chDB) and the engine"
         )
         say(f"\n[2/5] starting {parts}")
-        collector, self.collector_url = start_collector(cfg.out / "store", cfg.out / "collector.log")
-        self.procs.append(collector)
-        say(f"  collector  {self.collector_url}  store chdb://{cfg.out / 'store'}")
+        collector, self.collector_url = launch_collector(cfg.out / "store", cfg.out / "collector.log")
+        self.procs.append(collector)  # it boots beside the engine
         self._token = secrets.token_hex(16)
         server, self.engine_url = start_server(sc, cfg.out / "server.log", self._token, self.collector_url)
         self.procs.append(server)
+        collector.wait_http(self.collector_url + "/health", COLLECTOR_START_S)
+        say(f"  collector  {self.collector_url}  store chdb://{cfg.out / 'store'}")
         say(f"  engine     {self.engine_url}  (stepscope serve {' '.join(sc.engine_args())})")
         if cfg.dashboard:
             port = (
