@@ -159,11 +159,36 @@ def step_period(facts: Facts) -> dict[str, Any]:
         "current": c,
         "delta": parts | {"period": total},
         "share": {k: share(v, total) for k, v in parts.items()},
-        "equal_batch_ratio": fc(mean_batch_c) / fb(mean_batch_c) if fb(mean_batch_c) > 0 else math.nan,
+        "equal_batch_ratio": _equal_batch_ratio(facts, fc(mean_batch_c), fb(mean_batch_c)),
+        "equal_batch_ratio_lines": fc(mean_batch_c) / fb(mean_batch_c) if fb(mean_batch_c) > 0 else math.nan,
         "speed_lines": {"baseline": [ab, kb], "current": [ac, kc]},
         "bytes_ratio_equal_batch": _bytes_ratio(facts),
         "cpu_ratio_equal_batch": _cpu_ratio(facts),
     }
+
+
+MIN_COMMON_STEPS = 8  # pure decode steps a side at the batch sizes both ran, to compare them as measured
+
+
+def _equal_batch_ratio(facts: Facts, at_current: float, at_baseline: float) -> float:
+    """Pure decode step time, current over baseline, at equal batch size: the speed lines' ratio at the
+    current side's mean batch size, or, where both sides ran MIN_COMMON_STEPS or more steps at the same
+    batch sizes, the ratio measured there (weighted by the current side's steps, as `_cpu_ratio` and
+    `_bytes_ratio` compare) when it is the larger. Each estimate misses a slowdown in one shape of data: the
+    lines extrapolate a baseline at batch 1-2 to a backlog's batch 8, and a split that lands after the onset
+    leaves the backlog's first slow steps in the baseline, at the only batch sizes the two sides share."""
+    per: list[dict[float, tuple[float, float]]] = [{}, {}]
+    for r in facts.shape:
+        if r["has_decode"] and not r["has_prefill"] and r["steps"] > 0:
+            per[int(r["side"])][r["batch_size"]] = (r["duration_sum"] / r["steps"], r["steps"])
+    lines = at_current / at_baseline if at_baseline > 0 else math.nan
+    common = set(per[0]) & set(per[1])
+    if min(sum(per[s][k][1] for k in common) for s in (0, 1)) >= MIN_COMMON_STEPS:
+        num = sum(per[1][k][0] * per[1][k][1] for k in common)
+        den = sum(per[0][k][0] * per[1][k][1] for k in common)
+        if den > 0:
+            return max(num / den, lines) if math.isfinite(lines) else num / den
+    return lines
 
 
 def _cpu_ratio(facts: Facts) -> float:

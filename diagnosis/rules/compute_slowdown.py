@@ -6,11 +6,13 @@ per step and limits: look-alike weight_quant_off changes the dtype and the bytes
 oversized_batch grows the batch instead). Which kind of slowdown, from the stepping thread's CPU time per
 step (`steps.cpu_s`) against its wall time at equal batch size: wall up at about equal CPU means the
 thread waited for a core (contention); CPU up with the wall means each step's work got slower (clocks,
-thermals, a slower device). Contention while the engine core process's own CPU use rose is not this
-cause: the engine's other work (its channel's encoding, KV transfers) took the cores (`own_work_grew`).
-Host counters joined to the steps back it: the load average and runnable tasks above the cores, CPU
-steal, the engine process's share of a core; on CUDA the SM clock against its maximum, NVML's
-clock-event (throttle) reasons and other processes on the GPU.
+thermals, a slower device). The CPU part is read from the share of a step's wall time the thread spent on
+a core (`cpu_share`), which holds across batch sizes, so a backlog's larger batches compare too.
+Contention while the engine core process's own CPU use rose is not this cause: the engine's other work
+(its channel's encoding, KV transfers) took the cores (`own_work_grew`). Host counters joined to the
+steps back it: the load average and runnable tasks above the cores, CPU steal, the engine process's share
+of a core; on CUDA the SM clock against its maximum, NVML's clock-event (throttle) reasons and other
+processes on the GPU.
 """
 
 from __future__ import annotations
@@ -61,9 +63,17 @@ def kind(facts: Facts, wall_ratio: float) -> tuple[str, float]:
     cfg = facts.config
     split = facts.decomposition.get("step_period", {})
     cpu_ratio = split.get("cpu_ratio_equal_batch", math.nan)
-    if math.isfinite(cpu_ratio) and math.isfinite(wall_ratio) and wall_ratio > 1:
+    share_b, share_c = facts.step_pair("cpu_share")
+    # The CPU a step took at equal batch size: from the share of its wall time the stepping thread spent on a
+    # core, which does not depend on the batch sizes a side ran (a backlog's batches may have no match in
+    # the baseline but the few steps a late split left there); else as measured at the common sizes.
+    if math.isfinite(share_b) and math.isfinite(share_c) and share_b > 0:
+        cpu_at_equal = wall_ratio * share_c / share_b
+    else:
+        cpu_at_equal = cpu_ratio
+    if math.isfinite(cpu_at_equal) and math.isfinite(wall_ratio) and wall_ratio > 1:
         # the part of the wall-time growth the thread spent computing
-        grown = (cpu_ratio - 1) / (wall_ratio - 1)
+        grown = (cpu_at_equal - 1) / (wall_ratio - 1)
         return ("slower_compute" if grown >= cfg.cpu_growth_share else "contention"), cpu_ratio
     load_b, load_c = facts.step_pair("host_load_per_cpu")
     if math.isfinite(load_c) and load_c >= cfg.host_overload_per_cpu and load_c > load_b:
