@@ -134,6 +134,12 @@ class DiagnosisConfig:
     cpu_growth_share: float = 0.5
     # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention.
     host_overload_per_cpu: float = 1.5
+    # Waiting for a core read directly: the stepping thread's share of its steps' wall time on a core fell
+    # to 0.6 of the baseline's or below. It holds across batch sizes, so it sees a neighbour that drove the
+    # engine into a backlog whose batches have no match in the baseline. Dev runs: two busy neighbours on
+    # the engine's core 0.99 -> 0.30 and 1.0 -> 0.30; every other single-engine fault 0.88-1.0 on both
+    # sides; fleets sharing cores with the harness 0.30-0.59, moving x0.83-1.43 between halves.
+    cpu_share_fall: float = 0.6
     # Contention from the engine's own work: its core process's CPU (cores' worth) up by 0.1 and x1.25
     # while its stepping thread waits. Dev runs: a noisy neighbour or a CPU quota took it 0.56 -> 0.35,
     # 0.39 -> 0.37, 0.17 -> 0.12; a slow codec's encoding 0.57 -> 0.84, throttled KV transfers 0.22 -> 0.36

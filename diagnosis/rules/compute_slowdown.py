@@ -81,9 +81,18 @@ def kind(facts: Facts, wall_ratio: float) -> tuple[str, float]:
     return "unknown", cpu_ratio
 
 
+def cpu_share_ratio(facts: Facts) -> float:
+    """The stepping thread's share of its steps' wall time on a core, current over baseline (nan without
+    CPU time per step)."""
+    b, c = facts.step_pair("cpu_share")
+    return c / b if math.isfinite(b) and math.isfinite(c) and b > 0 else math.nan
+
+
 def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
-    """Equal-batch step time up by `equal_batch_ratio` with the configuration unchanged; share = the
-    equal-batch part of the step-period change (TPOT), or prefill's part of the TTFT change."""
+    """Equal-batch step time up by `equal_batch_ratio`, or the stepping thread's share of its steps on a
+    core down to `cpu_share_fall` of the baseline's, with the configuration unchanged; share = the
+    equal-batch part of the step-period change (TPOT), or prefill's part of the TTFT change (with what a
+    slower engine's backlog brings, when arrivals did not rise)."""
     cfg = facts.config
     if missing := steps_missing(facts, CAUSE, WHAT):
         return missing
@@ -92,9 +101,12 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not split.get("available"):
         return None
     speed = split["equal_batch_ratio"]
-    if not speed >= cfg.equal_batch_ratio or not config_unchanged(facts):
+    share_fall = cpu_share_ratio(facts)
+    waited = share_fall <= cfg.cpu_share_fall
+    if not (speed >= cfg.equal_batch_ratio or waited) or not config_unchanged(facts):
         return None
-    how, cpu_ratio = kind(facts, speed)
+    how, cpu_ratio = kind(facts, speed) if speed >= cfg.equal_batch_ratio else ("contention", math.nan)
+    waited_strength = strength(1 / share_fall, 1 / cfg.cpu_share_fall) if share_fall > 0 else float(waited)
     if how == "contention" and own_work_grew(facts):
         return None  # the engine's own other work took the cores: it did more work, not the same slower
     share = best(period_share(facts, "equal_batch_step_time"), ttft_share(facts, "prefill"))
@@ -125,9 +137,14 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         CAUSE,
         symptoms=symptoms,
         share=share,
-        strength_=strength(speed, cfg.equal_batch_ratio),
+        strength_=max(strength(speed, cfg.equal_batch_ratio), waited_strength),
         onset_series="cpu_share" if how == "contention" else "step_mean",
         evidence=evidence,
         lever=LEVER,
-        summary=f"step time x{speed:.2f} at equal batch size with the configuration unchanged: {what}",
+        summary=(
+            f"step time x{speed:.2f} at equal batch size with the configuration unchanged: {what}"
+            if speed >= cfg.equal_batch_ratio
+            else f"the stepping thread on a core x{share_fall:.2f} as much of its steps' wall time as "
+            f"before, with the configuration unchanged: {what}"
+        ),
     )
