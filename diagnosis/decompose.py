@@ -170,50 +170,45 @@ def step_period(facts: Facts) -> dict[str, Any]:
 MIN_COMMON_STEPS = 8  # pure decode steps a side at the batch sizes both ran, to compare them as measured
 
 
+def _at_common_batches(facts: Facts, value: str, count: str, min_steps: int = 1) -> float:
+    """`value` summed per `count`, over pure decode steps, current over baseline, at the batch sizes both
+    sides ran, weighted by the current side's counts; nan with fewer than `min_steps` counted there on
+    either side."""
+    per: list[dict[float, tuple[float, float]]] = [{}, {}]
+    for r in facts.shape:
+        if r["has_decode"] and not r["has_prefill"] and r.get(count, 0) > 0:
+            per[int(r["side"])][r["batch_size"]] = (r[value] / r[count], r[count])
+    common = set(per[0]) & set(per[1])
+    if min(sum(per[s][k][1] for k in common) for s in (0, 1)) < min_steps:
+        return math.nan
+    num = sum(per[1][k][0] * per[1][k][1] for k in common)
+    den = sum(per[0][k][0] * per[1][k][1] for k in common)
+    return num / den if den > 0 else math.nan
+
+
 def _equal_batch_ratio(facts: Facts, at_current: float, at_baseline: float) -> float:
     """Pure decode step time, current over baseline, at equal batch size: the speed lines' ratio at the
     current side's mean batch size, or, where both sides ran MIN_COMMON_STEPS or more steps at the same
-    batch sizes, the ratio measured there (weighted by the current side's steps, as `_cpu_ratio` and
-    `_bytes_ratio` compare) when it is the larger. Each estimate misses a slowdown in one shape of data: the
-    lines extrapolate a baseline at batch 1-2 to a backlog's batch 8, and a split that lands after the onset
-    leaves the backlog's first slow steps in the baseline, at the only batch sizes the two sides share."""
-    per: list[dict[float, tuple[float, float]]] = [{}, {}]
-    for r in facts.shape:
-        if r["has_decode"] and not r["has_prefill"] and r["steps"] > 0:
-            per[int(r["side"])][r["batch_size"]] = (r["duration_sum"] / r["steps"], r["steps"])
+    batch sizes, the ratio measured there (as `_cpu_ratio` and `_bytes_ratio` compare) when it is the
+    larger. Each estimate misses a slowdown in one shape of data: the lines extrapolate a baseline at batch
+    1-2 to a backlog's batch 8, and a split that lands after the onset leaves the backlog's first slow
+    steps in the baseline, at the only batch sizes the two sides share."""
     lines = at_current / at_baseline if at_baseline > 0 else math.nan
-    common = set(per[0]) & set(per[1])
-    if min(sum(per[s][k][1] for k in common) for s in (0, 1)) >= MIN_COMMON_STEPS:
-        num = sum(per[1][k][0] * per[1][k][1] for k in common)
-        den = sum(per[0][k][0] * per[1][k][1] for k in common)
-        if den > 0:
-            return max(num / den, lines) if math.isfinite(lines) else num / den
-    return lines
+    measured = _at_common_batches(facts, "duration_sum", "steps", MIN_COMMON_STEPS)
+    if math.isnan(lines) and math.isnan(measured):
+        return math.nan
+    return float(np.nanmax([lines, measured]))
 
 
 def _cpu_ratio(facts: Facts) -> float:
     """The stepping thread's CPU time per pure decode step (over the steps that recorded it), current over
     baseline, at the batch sizes both sides ran, weighted by the current side's steps."""
-    per: list[dict[float, tuple[float, float]]] = [{}, {}]
-    for r in facts.shape:
-        if r["has_decode"] and not r["has_prefill"] and r.get("cpu_n", 0) > 0:
-            per[int(r["side"])][r["batch_size"]] = (r["cpu_sum"] / r["cpu_n"], r["cpu_n"])
-    common = set(per[0]) & set(per[1])
-    num = sum(per[1][k][0] * per[1][k][1] for k in common)
-    den = sum(per[0][k][0] * per[1][k][1] for k in common)
-    return num / den if den > 0 else math.nan
+    return _at_common_batches(facts, "cpu_sum", "cpu_n")
 
 
 def _bytes_ratio(facts: Facts) -> float:
     """Bytes read per pure decode step, current over baseline, at the batch sizes both sides ran."""
-    per: list[dict[float, tuple[float, float]]] = [{}, {}]
-    for r in facts.shape:
-        if r["has_decode"] and not r["has_prefill"]:
-            per[int(r["side"])][r["batch_size"]] = (r["bytes_sum"] / r["steps"], r["steps"])
-    common = set(per[0]) & set(per[1])
-    num = sum(per[1][k][0] * per[1][k][1] for k in common)
-    den = sum(per[0][k][0] * per[1][k][1] for k in common)
-    return num / den if den > 0 else math.nan
+    return _at_common_batches(facts, "bytes_sum", "steps")
 
 
 def throughput(facts: Facts) -> dict[str, Any]:

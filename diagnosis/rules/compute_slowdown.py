@@ -63,14 +63,11 @@ def kind(facts: Facts, wall_ratio: float) -> tuple[str, float]:
     cfg = facts.config
     split = facts.decomposition.get("step_period", {})
     cpu_ratio = split.get("cpu_ratio_equal_batch", math.nan)
-    share_b, share_c = facts.step_pair("cpu_share")
     # The CPU a step took at equal batch size: from the share of its wall time the stepping thread spent on a
     # core, which does not depend on the batch sizes a side ran (a backlog's batches may have no match in
     # the baseline but the few steps a late split left there); else as measured at the common sizes.
-    if math.isfinite(share_b) and math.isfinite(share_c) and share_b > 0:
-        cpu_at_equal = wall_ratio * share_c / share_b
-    else:
-        cpu_at_equal = cpu_ratio
+    share_fall = cpu_share_ratio(facts)
+    cpu_at_equal = wall_ratio * share_fall if math.isfinite(share_fall) else cpu_ratio
     if math.isfinite(cpu_at_equal) and math.isfinite(wall_ratio) and wall_ratio > 1:
         # the part of the wall-time growth the thread spent computing
         grown = (cpu_at_equal - 1) / (wall_ratio - 1)
@@ -101,11 +98,15 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
     if not symptoms or not split.get("available"):
         return None
     speed = split["equal_batch_ratio"]
+    slower = speed >= cfg.equal_batch_ratio
     share_fall = cpu_share_ratio(facts)
     waited = share_fall <= cfg.cpu_share_fall
-    if not (speed >= cfg.equal_batch_ratio or waited) or not config_unchanged(facts):
+    if not (slower or waited) or not config_unchanged(facts):
         return None
-    how, cpu_ratio = kind(facts, speed) if speed >= cfg.equal_batch_ratio else ("contention", math.nan)
+    if slower:
+        how, cpu_ratio = kind(facts, speed)
+    else:  # the thread on a core a fraction of its steps' wall time: waiting for one, whatever the batch
+        how, cpu_ratio = "contention", split.get("cpu_ratio_equal_batch", math.nan)
     waited_strength = strength(1 / share_fall, 1 / cfg.cpu_share_fall) if share_fall > 0 else float(waited)
     if how == "contention" and own_work_grew(facts):
         return None  # the engine's own other work took the cores: it did more work, not the same slower
@@ -143,7 +144,7 @@ def evaluate(facts: Facts) -> Finding | NotEnoughData | None:
         lever=LEVER,
         summary=(
             f"step time x{speed:.2f} at equal batch size with the configuration unchanged: {what}"
-            if speed >= cfg.equal_batch_ratio
+            if slower
             else f"the stepping thread on a core x{share_fall:.2f} as much of its steps' wall time as "
             f"before, with the configuration unchanged: {what}"
         ),
