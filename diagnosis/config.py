@@ -37,6 +37,11 @@ class DiagnosisConfig:
     # rank and tail tests widen their variance by the sample's autocorrelation, estimated from the means
     # of blocks this long (batch means; 0 treats requests as independent).
     sample_block_s: float = 5.0
+    # Estimated from the baseline alone: the process the current side is tested against. Pooled with the
+    # current side, the effect under test counted as noise (a backlog growing after the split, a shift
+    # that lands a little after it): an overload's TTFT x131 over 335 requests read p = 0.01, a lost cache
+    # affinity's x2.2 over 344 p = 1e-4. Both sides pooled when the baseline spans under 5 blocks.
+    inflation_from_baseline: bool = True
     # Below these sample sizes a side says nothing. Scenario runs hold ~50 requests a side, so a "P99" there
     # is the side's upper tail; the exceedance test and the 1.25 ratio keep one slow request from counting.
     min_requests_p50: int = 30

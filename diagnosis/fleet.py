@@ -272,7 +272,7 @@ def peer_regressions(fleet: Reader, instance: str, facts: Any) -> list[Regressio
         if not r >= cfg.min_ratio_p50:
             continue
         times = (t[keep & (side == 1)], t[keep & (side == 0)])
-        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s)
+        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s, cfg.inflation_from_baseline)
         if p < cfg.alpha:
             out.append(Regression(name, base, cur, r, p, len(xb), len(xc), against="peers"))
     return out

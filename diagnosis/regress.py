@@ -53,7 +53,7 @@ def _latency(facts: Facts, name: str, cfg: DiagnosisConfig) -> Regression | None
     if q > 0.5:
         p = stats.exceedance_greater(xc, xb, q, times, cfg.sample_block_s)
     else:
-        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s)
+        p = stats.mann_whitney_greater(xc, xb, times, cfg.sample_block_s, cfg.inflation_from_baseline)
     if p >= cfg.alpha:
         return None
     return Regression(name, base, cur, r, p, nb, nc)

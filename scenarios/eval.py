@@ -37,6 +37,7 @@ from scenarios.protocol import GRIDS, SPLITS, Case
 from stepscope.cli import UsageError
 
 MAX_DURATION_S = 240  # the stretch for a slow (busy) machine stops here; the eval must end
+HEALTHY = "healthy"  # `--only healthy`: the healthy runs alone
 LOAD_SAMPLE_S = 5.0  # how often the load average is sampled during a run
 
 
@@ -51,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only", nargs="+", metavar="CAUSE",
-        help="only these faults (a fault's name or the cause it should produce); default: all",
+        help="only these faults (a fault's name or the cause it should produce), with the healthy runs "
+        "under their workloads; `healthy`: only the healthy runs, under every workload; default: all",
     )  # fmt: skip
     parser.add_argument("--faults", metavar="A,B", help=argparse.SUPPRESS)  # the older spelling of --only
     parser.add_argument(
@@ -94,6 +96,10 @@ def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
     if args.faults:
         names += [f.strip() for f in args.faults.split(",") if f.strip()]
     names = [n for raw in names for n in raw.split(",") if n]
+    args.healthy_only = HEALTHY in names and all(n == HEALTHY for n in names)
+    if HEALTHY in names and not args.healthy_only:
+        raise UsageError("--only: `healthy` runs alone (the healthy runs of every workload)")
+    names = [n for n in names if n != HEALTHY]
     try:
         faults = resolve_only(names) if names else list(FAULTS)
     except ValueError as e:
@@ -132,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     protocol = {"grid": args.grid, "duration_s": duration, "model": args.model, "protocol": PROTOCOL_VERSION}
     evaldir.claim(out, protocol, args.resume)
     cases = grid(faults, args.grid, splits)
+    if getattr(args, "healthy_only", False):
+        if args.without_rule:
+            raise UsageError("--without-rule runs fault cases; --only healthy has none")
+        cases = [c for c in cases if c.fault is None]
     if args.without_rule:
         cases = without_rule_cases(cases, args.without_rule)
     base = ScenarioConfig(out=out / "calibrate", duration_s=duration, model=args.model)

@@ -58,22 +58,44 @@ def _backlog(
 def test_a_wandering_backlog_is_not_a_regression_but_a_shift_still_is() -> None:
     rng = np.random.default_rng(5)
     alpha, block = DiagnosisConfig().alpha, DiagnosisConfig().sample_block_s
-    naive = corrected = 0
+    naive = corrected = from_baseline = 0
     for _ in range(40):
         tb, xb = _backlog(rng, 40, 4.5, 1.0)
         tc, xc = _backlog(rng, 40, 4.5, 1.0)
         naive += stats.mann_whitney_greater(xc, xb) < alpha
         corrected += stats.mann_whitney_greater(xc, xb, (tc + 40, tb), block) < alpha
+        from_baseline += stats.mann_whitney_greater(xc, xb, (tc + 40, tb), block, from_baseline=True) < alpha
     # Requests of one backlog are not independent: the plain rank test calls chance wander significant
-    # in many of these healthy pairs, the autocorrelation-aware one about as often as alpha says.
+    # in many of these healthy pairs, the autocorrelation-aware one rarely (the inflation estimated from
+    # the baseline alone, on fewer blocks, a little more often).
     assert naive >= 5
     assert corrected <= 1
+    assert from_baseline <= 2
     tb, xb = _backlog(rng, 40, 4.5, 1.0)
     tc, xc = _backlog(rng, 40, 4.5, 2.0)
     assert stats.mann_whitney_greater(xc, xb, (tc + 40, tb), block) < alpha
     # The same for the tail test, and independent samples keep their power (no inflation).
     assert stats.variance_inflation([(rng.normal(size=400), rng.uniform(0, 40, 400))], block) < 1.6
     assert stats.variance_inflation([(xb, tb), (xc, tc)], block) > 2
+
+
+def test_the_null_inflation_comes_from_the_baseline_so_a_growing_backlog_is_the_effect() -> None:
+    rng = np.random.default_rng(2)
+    tb, xb = np.sort(rng.uniform(0, 40, 60)), rng.lognormal(0, 0.3, 60)
+    tc = np.sort(rng.uniform(40, 80, 60))
+    xc = rng.lognormal(0, 0.3, 60) * np.exp((tc - 40) / 10)  # a queue that grows through the window
+    block = DiagnosisConfig().sample_block_s
+    # Pooled, the growth inside the current side reads as autocorrelation and widens the test 5-fold;
+    # the baseline, independent requests, has none to widen it by.
+    assert stats.variance_inflation([(xc, tc), (xb, tb)], block) > 4
+    assert stats.null_inflation((xc, tc), (xb, tb), block) < 1.6
+    pooled = stats.mann_whitney_greater(xc, xb, (tc, tb), block)
+    null = stats.mann_whitney_greater(xc, xb, (tc, tb), block, from_baseline=True)
+    assert null < 1e-10 and pooled > 1e-6
+    # A baseline of three blocks makes no estimate of its own: both sides pooled.
+    short = tb < 15
+    both = stats.variance_inflation([(xc, tc), (xb[short], tb[short])], block)
+    assert stats.null_inflation((xc, tc), (xb[short], tb[short]), block) == both > 4
 
 
 def test_change_point_finds_a_step_among_drifting_series() -> None:

@@ -287,6 +287,16 @@ def test_resume_skips_finished_cases_and_merges_the_rows_of_every_sitting(
     assert fake_runs == []  # nothing left to run
 
 
+def test_only_healthy_runs_the_healthy_runs_of_every_workload_and_no_fault(
+    tmp_path: Path, fake_runs: list[str]
+):
+    assert _eval(tmp_path, "--only", "healthy", "--split", "dev") == 0
+    workloads = healthy_workloads(list(FAULTS))
+    assert sorted(fake_runs) == sorted(f"healthy-{w}-s100" for w in workloads) and len(workloads) > 2
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["healthy_false_positives"] == 0 and summary["cases"] == len(workloads)
+
+
 def test_rediagnose_rescores_stored_runs_without_running_them(
     tmp_path: Path, fake_runs: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
@@ -319,6 +329,7 @@ def test_rediagnose_rescores_stored_runs_without_running_them(
 @pytest.mark.parametrize(
     "argv,message",
     [(["--grid", "quick", "--split", "holdout"], "dev cases only"), (["--only", "nope"], "unknown fault"),
+     (["--only", "healthy", "overload"], "runs alone"),
      (["--without-rule", "nope"], "unknown cause"), (["--duration", "x"], "expected seconds")],
 )  # fmt: skip
 def test_bad_eval_options_exit_2_with_one_line(tmp_path: Path, argv: list[str], message: str, capsys):
