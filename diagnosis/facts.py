@@ -130,27 +130,39 @@ class Facts:
         base = self.step_baseline(key)
         return self.step_current(key) / base if base > 0 else default
 
-    def onset(self, name: str, fallback: float | None = None) -> float | None:
+    def onset(self, name: str | tuple[str, ...], fallback: float | None = None) -> float | None:
         """Unix seconds of the change point of the finding's own evidence series `name`, searched near the
         split of the compared windows (within `onset_search_share` of the analysed span, at least
         `onset_search_s`, after it and twice that before it: the split lands where the symptoms moved,
         which a cause precedes by the time its backlog takes to build): a series that drifts elsewhere in
-        a long window cannot pull the onset away from the change. `fallback` (the split by default) when
-        the series shows none."""
+        a long window cannot pull the onset away from the change. Several names: one split shared by the
+        series, each voting with the share of its own variance the split explains (`stats.change_point`).
+        `fallback` (the split by default) when the series show none."""
+        fallback = self.window.start if fallback is None else fallback
+        names = (name,) if isinstance(name, str) else name
+        lo, hi = self._onset_range(any(n in SETTINGS for n in names))
+        segments = [seg for n in names if (seg := self._onset_segment(n, lo, hi)) is not None]
+        if not segments:
+            return fallback
+        k = stats.change_point(segments, max(2, (hi - lo) // 8))
+        return fallback if k is None else self.series.time_of(lo + k)
+
+    def _onset_range(self, setting: bool) -> tuple[int, int]:
+        """[lo, hi) intervals the onset is searched in (see `onset`)."""
         cfg = self.config
         split = self.window.start
-        fallback = split if fallback is None else fallback
         first = min(self.baseline.start, self.window.start)
-        span = self.window.end - first
-        reach = max(cfg.onset_search_s, cfg.onset_search_share * span)
-        if name in SETTINGS:  # a setting steps where it was changed and never drifts: search it all
-            lo, hi = self.series.index_of(first), self.series.index_of(self.window.end) + 1
-        else:
-            lo = self.series.index_of(max(split - 2 * reach, first))
-            hi = self.series.index_of(min(split + reach, self.window.end)) + 1
+        if setting:  # a setting steps where it was changed and never drifts: search it all
+            return self.series.index_of(first), self.series.index_of(self.window.end) + 1
+        reach = max(cfg.onset_search_s, cfg.onset_search_share * (self.window.end - first))
+        lo = self.series.index_of(max(split - 2 * reach, first))
+        return lo, self.series.index_of(min(split + reach, self.window.end)) + 1
+
+    def _onset_segment(self, name: str, lo: int, hi: int) -> np.ndarray | None:
+        """Series `name` over [lo, hi), on a log scale where it spans 100x; None with under 6 values."""
         seg = self.series.get(name)[lo:hi]
         if np.isfinite(seg).sum() < 6:
-            return fallback
+            return None
         finite = seg[np.isfinite(seg)]
         low, high = np.quantile(finite, [0.1, 0.9])
         if finite.min() > 0 and high > 10 * low:
@@ -158,9 +170,8 @@ class Facts:
             # and 90th percentiles (the searched segment is at least a third after the split): a
             # per-second mean of a few heavy-tailed values spans 10x by chance, and on a log scale its
             # smallest intervals, not the shift, decide where the split goes.
-            seg = np.log(seg)
-        k = stats.change_point([seg], max(2, len(seg) // 8))
-        return fallback if k is None else self.series.time_of(lo + k)
+            return np.log(seg)
+        return seg
 
 
 # Series of the engine's settings (the share of steps with chunked prefill, the batch limits, the KV pool,

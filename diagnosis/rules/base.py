@@ -244,7 +244,7 @@ def make_finding(
     symptoms: tuple[str, ...],
     share: float,
     strength_: float,
-    onset_series: str,
+    onset_series: str | tuple[str, ...],
     evidence: list[Evidence],
     lever: str,
     summary: str,

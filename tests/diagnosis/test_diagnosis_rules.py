@@ -245,6 +245,21 @@ def test_a_noisy_heavy_tailed_series_keeps_its_onset_at_the_shift() -> None:
     assert abs(facts.onset("input_mean") - 27.0) <= 3
 
 
+def test_an_onset_from_several_series_is_the_split_they_share() -> None:
+    """Prompt lengths per second: the mean of a bimodal mix jumps with whichever requests a second holds
+    (here a spurious step 9 s early), while the log of the part the engine prefills steps at the shift.
+    `long_prompts` votes with both: the shared split lands at the shift."""
+    rng = np.random.default_rng(5)
+    t = np.arange(60)
+    prefilled = np.where(t < 40, 4.4, 5.0) + rng.normal(0, 0.3, 60)
+    means = np.where(t < 31, 250.0, 380.0) + rng.normal(0, 120, 60)
+    series = F.Series(0.0, 1.0, {"input_mean": means, "uncached_log_mean": prefilled})
+    facts = F.Facts(TimeRange(40.0, 60.0), TimeRange(0.0, 40.0), ({}, {}), ({}, {}), None, [], series,
+                    DiagnosisConfig())  # fmt: skip
+    assert abs(facts.onset("input_mean") - 31.0) <= 1
+    assert abs(facts.onset(("input_mean", "uncached_log_mean")) - 40.0) <= 1
+
+
 def test_too_few_requests_a_side_is_said_not_passed_over(scenario_source: StoreReader) -> None:
     cfg = placed("scheduler_stall")
     mid = cfg.t0 + DURATION_S / 2
