@@ -42,12 +42,11 @@ def evaluate(facts: Facts) -> Finding | None:
             strength(mean_ratio, cfg.long_prompt_ratio) if body else 0.0,
             strength(p99_ratio, cfg.long_prompt_tail_ratio) if tail else 0.0,
         ),
-        # The cleaner step of two: the mean prompt, which a few long documents set (a tail that grew), and
-        # the mean log of the part the engine prefills (prompts that all grew): a shared system prompt the
-        # cache holds is most of a chat turn's tokens, and a few 2k-token documents among 100-token turns
-        # set a second's mean alone. Per request, that log told a x3 growth at 0.68-1.05 standard
-        # deviations, the whole prompt's length at 0.44-0.56 (its change point 10-12 s off the true onset
-        # in dev runs).
+        # One split that two series vote on: the mean prompt, which a few long documents set (a tail
+        # that grew), and the mean log of the part the engine prefills (prompts that all grew): a shared
+        # system prompt the cache holds is most of a chat turn's tokens, and a few 2k-token documents
+        # among 100-token turns set a second's mean alone. Per request, that log told a x3 growth at
+        # 0.68-1.05 standard deviations, the whole prompt's length at 0.44-0.56.
         onset_series=("input_mean", "uncached_log_mean"),
         evidence=[
             Evidence("input_tokens_mean", *facts.req_pair("input_mean")),
