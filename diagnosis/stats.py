@@ -109,18 +109,13 @@ def mann_whitney_greater(
         return 1.0
     if times is not None and block_s > 0:
         tx, ty = _finite_times(current, times[0]), _finite_times(baseline, times[1])
-        var *= _widen((ranks[:n1], tx), (ranks[n1:], ty), block_s, from_baseline)
+        current_side, baseline_side = (ranks[:n1], tx), (ranks[n1:], ty)
+        if from_baseline:
+            var *= null_inflation(current_side, baseline_side, block_s)
+        else:
+            var *= variance_inflation([current_side, baseline_side], block_s)
     z = (u1 - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
     return _norm_sf(z)
-
-
-def _widen(
-    current: tuple[np.ndarray, np.ndarray], baseline: tuple[np.ndarray, np.ndarray], block_s: float,
-    from_baseline: bool,
-) -> float:  # fmt: skip
-    if from_baseline:
-        return null_inflation(current, baseline, block_s)
-    return variance_inflation([current, baseline], block_s)
 
 
 def _finite_times(values: np.ndarray | list[float], times: np.ndarray) -> np.ndarray:
@@ -163,7 +158,6 @@ def exceedance_greater(
     q: float,
     times: tuple[np.ndarray, np.ndarray] | None = None,
     block_s: float = 0.0,
-    from_baseline: bool = False,
 ) -> float:
     """One-sided p-value that more of `current` than of `baseline` lies above the baseline's q-quantile;
     with `times` and `block_s`, widened by the exceedances' autocorrelation as in `mann_whitney_greater`."""
@@ -175,7 +169,7 @@ def exceedance_greater(
     inflation = 1.0
     if times is not None and block_s > 0:
         tx, ty = _finite_times(current, times[0]), _finite_times(baseline, times[1])
-        inflation = _widen((ex, tx), (ey, ty), block_s, from_baseline)
+        inflation = variance_inflation([(ex, tx), (ey, ty)], block_s)
     return two_proportion_greater(int(ex.sum()), len(x), int(ey.sum()), len(y), inflation)
 
 

@@ -87,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- choosing the cases ---------------------------------------------------------------------------
-def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
-    """(faults, splits) of the options; UsageError on bad input."""
+def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...], bool]:
+    """(faults, splits, healthy only) of the options; UsageError on bad input, before anything is written."""
     from scenarios.faults import FAULTS
     from scenarios.protocol import resolve_only
 
@@ -96,8 +96,8 @@ def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
     if args.faults:
         names += [f.strip() for f in args.faults.split(",") if f.strip()]
     names = [n for raw in names for n in raw.split(",") if n]
-    args.healthy_only = HEALTHY in names and all(n == HEALTHY for n in names)
-    if HEALTHY in names and not args.healthy_only:
+    healthy_only = HEALTHY in names and all(n == HEALTHY for n in names)
+    if HEALTHY in names and not healthy_only:
         raise UsageError("--only: `healthy` runs alone (the healthy runs of every workload)")
     names = [n for n in names if n != HEALTHY]
     try:
@@ -107,17 +107,28 @@ def select(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
     splits = SPLITS if args.split == "all" else (args.split,)
     if args.grid == "quick" and "dev" not in splits:
         raise UsageError("--split holdout: the quick grid has dev cases only; use --grid full")
-    return faults, splits
+    if args.without_rule:
+        check_rule(args.without_rule, faults, healthy_only)
+    return faults, splits, healthy_only
+
+
+def check_rule(cause: str, faults: list[str], healthy_only: bool) -> None:
+    """UsageError unless `--without-rule CAUSE` names a rule's cause that one of `faults` injects."""
+    from diagnosis import rules
+    from scenarios.protocol import expected_cause
+
+    known = rules.RULE_CAUSES
+    if cause not in known:
+        raise UsageError(f"--without-rule: unknown cause {cause!r}; choose from {', '.join(known)}")
+    if healthy_only:
+        raise UsageError("--without-rule runs fault cases; --only healthy has none")
+    if not any(expected_cause(f) == cause for f in faults):
+        raise UsageError(f"--without-rule: no fault of the chosen ones injects {cause}")
 
 
 def without_rule_cases(cases: list[Case], cause: str) -> list[Case]:
     """The fault cases whose expected cause is `cause`, with its rule switched off. UsageError when no
-    rule has that cause or no fault in `cases` injects it."""
-    from diagnosis import rules
-
-    known = getattr(rules, "RULE_CAUSES", rules.CAUSES)
-    if cause not in known:
-        raise UsageError(f"--without-rule: unknown cause {cause!r}; choose from {', '.join(known)}")
+    stored case injects it (`check_rule` vets the cause itself)."""
     chosen = [dataclasses.replace(c, without_rule=cause) for c in cases if c.fault and c.expected == cause]
     if not chosen:
         raise UsageError(f"--without-rule: no fault of the chosen ones injects {cause}")
@@ -132,15 +143,13 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.config import ScenarioConfig
     from scenarios.protocol import PROTOCOL_VERSION, grid
 
-    faults, splits = select(args)
+    faults, splits, healthy_only = select(args)
     duration = _duration(args.duration or str(DEFAULT_DURATION_S[args.grid]))
     out = Path(args.out or f"/tmp/stepscope-eval-{args.grid}").resolve()
     protocol = {"grid": args.grid, "duration_s": duration, "model": args.model, "protocol": PROTOCOL_VERSION}
     evaldir.claim(out, protocol, args.resume)
     cases = grid(faults, args.grid, splits)
-    if getattr(args, "healthy_only", False):
-        if args.without_rule:
-            raise UsageError("--without-rule runs fault cases; --only healthy has none")
+    if healthy_only:
         cases = [c for c in cases if c.fault is None]
     if args.without_rule:
         cases = without_rule_cases(cases, args.without_rule)
@@ -178,6 +187,7 @@ def rediagnose(out: Path, args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     cases = evaldir.stored_cases(out)
     if args.without_rule:
+        check_rule(args.without_rule, sorted({c.fault for c in cases if c.fault}), healthy_only=False)
         cases = without_rule_cases(cases, args.without_rule)
     n = 0
     for case in cases:

@@ -330,12 +330,15 @@ def test_rediagnose_rescores_stored_runs_without_running_them(
     "argv,message",
     [(["--grid", "quick", "--split", "holdout"], "dev cases only"), (["--only", "nope"], "unknown fault"),
      (["--only", "healthy", "overload"], "runs alone"),
-     (["--without-rule", "nope"], "unknown cause"), (["--duration", "x"], "expected seconds")],
+     (["--without-rule", "nope"], "unknown cause"), (["--duration", "x"], "expected seconds"),
+     (["--only", "overload", "--without-rule", "long_prompts"], "no fault of the chosen ones"),
+     (["--only", "healthy", "--without-rule", "long_prompts"], "--only healthy has none")],
 )  # fmt: skip
 def test_bad_eval_options_exit_2_with_one_line(tmp_path: Path, argv: list[str], message: str, capsys):
     assert _eval(tmp_path, *argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "eval").exists()  # refused before anything was written
 
 
 def test_rediagnose_refuses_a_directory_without_an_eval(tmp_path: Path, capsys):
