@@ -167,11 +167,17 @@ def load_explains(facts: Facts) -> str | None:
     if not all(held):
         return None
     bb, bc = facts.step_pair("batch_mean")
+    cb, cc = facts.req_pair("cached_share")
+    cache = (
+        f", cached share of prompt tokens {cb:.0%} -> {cc:.0%} (short of a prefix cache miss)"
+        if cb - cc >= cfg.cache_share_drop
+        else ""
+    )
     return (
         f"the symptoms moved with a busier spell of the same demand: arrivals x{arrivals:.2f} (short of a "
         f"significant rise past x{cfg.arrival_ratio}), running batch {bb:.2f} -> {bc:.2f}, step time at "
-        f"equal batch x{period['equal_batch_ratio']:.2f}; request mix, configuration and engine speed "
-        "unchanged (no finding)"
+        f"equal batch x{period['equal_batch_ratio']:.2f}{cache}; prompt and output lengths, configuration "
+        "and engine speed unchanged (no finding)"
     )
 
 
