@@ -190,7 +190,7 @@ def diagnose(
     findings.sort(key=lambda f: -f.confidence)
     notes = list(_untested(facts, cfg))
     if regressions and not findings:
-        if by_load := unexplained.load_explains(facts):
+        if by_load := unexplained.load_explains(facts) or unexplained.host_explains(facts):
             notes.append(by_load)
         else:
             notes.append(unexplained.NOTE)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,7 @@ def lever(facts: Facts, parts: list[tuple[str, float, float, float]]) -> str:
 
 def load_explains(facts: Facts) -> str | None:
     """A note when the regression is what a busier spell of the same demand does to an unchanged engine;
-    None otherwise (then the regression is `unexplained`).
+    None otherwise (then the regression is `unexplained`, or `host_explains` reads it).
 
     Poisson arrivals at one rate put ~20-40% more requests into one half of a short run than the other,
     and bunch within a window at the same count; more running sequences and more prefills riding in decode
@@ -134,19 +135,65 @@ def load_explains(facts: Facts) -> str | None:
     and errors held, the request mix, the configuration, the cache hit share, the gaps, the RPC delay, the
     front end and the KV transfer held. Needs step spans."""
     cfg = facts.config
-    if facts.regressed("throughput", "error_rate") or facts.steps is None:
-        return None
     arrivals = facts.req_ratio("rate_rps", 1.0)
     batch = facts.step_ratio("batch_mean", 1.0)
-    busier = arrivals * cfg.load_noise_ratio >= 1 and batch >= cfg.load_noise_ratio
-    if not busier or base.demand_grew(facts):
+    if not (arrivals * cfg.load_noise_ratio >= 1 and batch >= cfg.load_noise_ratio):
         return None
+    period = _engine_held(facts, ("batch_size", "prefill_in_decode_steps"))
+    if period is None:
+        return None
+    bb, bc = facts.step_pair("batch_mean")
+    return (
+        f"the symptoms moved with a busier spell of the same demand: arrivals x{arrivals:.2f} (short of a "
+        f"significant rise past x{cfg.arrival_ratio}), running batch {bb:.2f} -> {bc:.2f}, step time at "
+        f"equal batch x{period['equal_batch_ratio']:.2f}{_cache_note(facts)}; prompt and output lengths, "
+        "configuration and engine speed unchanged (no finding)"
+    )
+
+
+def host_explains(facts: Facts) -> str | None:
+    """A note when the regression is what a busier host does to an unchanged engine serving the same
+    demand, short of a compute slowdown; None otherwise (then the regression is `unexplained`).
+
+    Processes that share the engine's cores (on a small host: the other replicas, the router, the load
+    generator) come and go; while the host's load average is past `host_overload_per_cpu` runnable tasks a
+    core and rising, every step and prefill takes a little longer. That is the host's, not a cause, when
+    the step time at equal batch size rose but stayed below `equal_batch_ratio` (past it, it is
+    `compute_slowdown`), the growth of the step period is that step time, the gaps between steps (the
+    stepping thread waiting for a core) and what a busier spell brings (`load_share`), TTFT grew in queue
+    and prefill, and everything `load_explains` needs held held. A dev fleet of three replicas with no
+    fault: the host's load 1.39 -> 1.95 a core, step time at equal batch x1.12, prefill x1.19, TTFT P50
+    5.7 -> 7.2 ms (p = 1e-5). Needs step spans."""
+    cfg = facts.config
+    load_b, load_c = facts.step_pair("host_load_per_cpu")
+    if not (math.isfinite(load_b) and math.isfinite(load_c) and load_c > load_b):
+        return None
+    if load_c < cfg.host_overload_per_cpu:
+        return None
+    period = _engine_held(facts, ("equal_batch_step_time", "gaps", "batch_size", "prefill_in_decode_steps"))
+    if period is None or not period.get("equal_batch_ratio", math.nan) > 1:
+        return None
+    speed, prefill = period["equal_batch_ratio"], facts.req_ratio("prefill_mean", math.nan)
+    return (
+        f"the symptoms moved with a busier host: its load average {load_b:.2f} -> {load_c:.2f} runnable "
+        f"tasks a core, step time at equal batch x{speed:.2f} (short of a compute slowdown at "
+        f"x{cfg.equal_batch_ratio}), prefill x{prefill:.2f}; demand, request mix and configuration "
+        f"unchanged{_cache_note(facts)} (no finding)"
+    )
+
+
+def _engine_held(facts: Facts, period_parts: tuple[str, ...]) -> dict[str, Any] | None:
+    """The step-period decomposition when the engine's speed, configuration and every cause's evidence held
+    and the symptoms grew where `period_parts` (TPOT) and queue and prefill (TTFT) say; None otherwise."""
+    cfg = facts.config
+    if facts.regressed("throughput", "error_rate") or facts.steps is None or base.demand_grew(facts):
+        return None
+    if facts.req_ratio("rate_rps", 1.0) * cfg.load_noise_ratio < 1:
+        return None  # demand fell: a slower engine serving fewer requests is no busier spell
     period = facts.decomposition.get("step_period", {})
     if not period.get("available") or not period.get("equal_batch_ratio", math.inf) < cfg.equal_batch_ratio:
         return None
-    if facts.regressed("tpot", "itl_max") and not (
-        base.period_share(facts, "batch_size", "prefill_in_decode_steps") >= cfg.load_share
-    ):
+    if facts.regressed("tpot", "itl_max") and not (base.period_share(facts, *period_parts) >= cfg.load_share):
         return None
     if facts.regressed("ttft") and not (base.ttft_share(facts, "queue", "prefill") >= cfg.load_share):
         return None
@@ -164,21 +211,15 @@ def load_explains(facts: Facts) -> str | None:
         base.ttft_share(facts, "kv_transfer") < cfg.kv_transfer_share_increase
         or not facts.req_current("with_kv_transfer") > 0,
     )
-    if not all(held):
-        return None
-    bb, bc = facts.step_pair("batch_mean")
+    return period if all(held) else None
+
+
+def _cache_note(facts: Facts) -> str:
+    """ ", cached share X -> Y (...)" when the cached share fell by `cache_share_drop` short of a miss."""
     cb, cc = facts.req_pair("cached_share")
-    cache = (
-        f", cached share of prompt tokens {cb:.0%} -> {cc:.0%} (short of a prefix cache miss)"
-        if cb - cc >= cfg.cache_share_drop
-        else ""
-    )
-    return (
-        f"the symptoms moved with a busier spell of the same demand: arrivals x{arrivals:.2f} (short of a "
-        f"significant rise past x{cfg.arrival_ratio}), running batch {bb:.2f} -> {bc:.2f}, step time at "
-        f"equal batch x{period['equal_batch_ratio']:.2f}{cache}; prompt and output lengths, configuration "
-        "and engine speed unchanged (no finding)"
-    )
+    if not cb - cc >= facts.config.cache_share_drop:
+        return ""
+    return f", cached share of prompt tokens {cb:.0%} -> {cc:.0%} (short of a prefix cache miss)"
 
 
 def explain(facts: Facts) -> Finding:

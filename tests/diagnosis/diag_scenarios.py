@@ -157,6 +157,18 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
     # batch 1.8 -> 2.7). Against the first half as a given baseline the batch sits at its cap and the
     # bursts' queue is TTFT's tail alone: a burstier traffic shape, which no rule names (`unexplained`).
     "bunched_arrivals": (SimConfig(seed=33, rate_rps=7.0, fault={"bunching": 0.6}), None),
+    # A host whose other processes (a fleet's replicas, its router, the load generator) keep more tasks
+    # runnable than it has cores, more so from the middle on: every step waits x1.15 as long for a core,
+    # short of a compute slowdown, and TTFT follows. The host explains it: no finding.
+    "healthy_busier_host": (
+        SimConfig(seed=34, host_load=3.0, rate_rps=4.5, fault={"cpu_wait_factor": 1.15}),
+        None,
+    ),
+    # The same slowdown on a host with cores to spare (load 0.75 a core): nothing on the host explains it.
+    "slower_on_a_quiet_host": (
+        SimConfig(seed=34, rate_rps=4.5, fault={"cpu_wait_factor": 1.15}),
+        "unexplained",
+    ),
 }
 
 

@@ -86,6 +86,7 @@ class SimConfig:
     cpu_wait_factor: float = 1.0
     clock_factor: float = 1.0
     host_load: float = 1.5
+    host_cpus: int = 2  # the cores the engine may run on (host counter)
     engine_cpu_share: float = 0.55  # cores' worth of CPU the engine core process uses (host counter)
     # the front end: CPU seconds per request on its event loop before the request reaches the core
     frontend_cpu_s: float = 0.0008
@@ -500,6 +501,7 @@ def spans(cfg: SimConfig) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
         }
         if s["id"] % 50 == 0:  # host counters ride on about one step a second
             a["stepscope.host.load_1m"] = _attr(s["load"])
+            a["stepscope.host.cpus"] = str(cfg.host_cpus)
             a["stepscope.host.engine_cpu_share"] = _attr(s["engine_cpu"])
         add("engine.step", "SPAN_KIND_INTERNAL", s["start"], s["dur"], a)
     return cols, steps

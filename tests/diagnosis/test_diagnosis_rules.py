@@ -112,6 +112,20 @@ def test_a_busier_spell_of_the_same_demand_regresses_and_the_load_explains_it(
     assert any("busier spell of the same demand" in note for note in result["notes"])
 
 
+def test_a_busier_host_explains_a_slowdown_short_of_compute_slowdown_only_past_its_cores(
+    scenario_source: StoreReader,
+) -> None:
+    busy = diagnose(scenario_source, window=whole("healthy_busier_host")).to_json()
+    assert {r["metric"] for r in busy["regressions"]} & {"ttft_p50", "tpot_p50"}
+    assert busy["findings"] == []
+    note = next(n for n in busy["notes"] if "busier host" in n)
+    assert "short of a compute slowdown" in note
+    # the same slowdown where the host had cores to spare: nothing explains it
+    quiet = diagnose(scenario_source, window=whole("slower_on_a_quiet_host")).to_json()
+    assert [f["cause"] for f in quiet["findings"]] == ["unexplained"]
+    assert not any("busier host" in n for n in quiet["notes"])
+
+
 def test_arrivals_bunching_at_the_same_count_is_the_loads_doing_not_unexplained(
     scenario_source: StoreReader,
 ) -> None:
