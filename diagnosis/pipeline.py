@@ -190,8 +190,8 @@ def diagnose(
     findings.sort(key=lambda f: -f.confidence)
     notes = list(_untested(facts, cfg))
     if regressions and not findings:
-        if by_load := unexplained.load_explains(facts) or unexplained.host_explains(facts):
-            notes.append(by_load)
+        if explained := unexplained.load_explains(facts) or unexplained.host_explains(facts):
+            notes.append(explained)
         else:
             notes.append(unexplained.NOTE)
             findings.append(unexplained.explain(facts))

@@ -135,13 +135,12 @@ def load_explains(facts: Facts) -> str | None:
     and errors held, the request mix, the configuration, the cache hit share, the gaps, the RPC delay, the
     front end and the KV transfer held. Needs step spans."""
     cfg = facts.config
-    arrivals = facts.req_ratio("rate_rps", 1.0)
-    batch = facts.step_ratio("batch_mean", 1.0)
-    if not (arrivals * cfg.load_noise_ratio >= 1 and batch >= cfg.load_noise_ratio):
+    if not facts.step_ratio("batch_mean", 1.0) >= cfg.load_noise_ratio:
         return None
     period = _engine_held(facts, ("batch_size", "prefill_in_decode_steps"))
     if period is None:
         return None
+    arrivals = facts.req_ratio("rate_rps", 1.0)
     bb, bc = facts.step_pair("batch_mean")
     return (
         f"the symptoms moved with a busier spell of the same demand: arrivals x{arrivals:.2f} (short of a "
@@ -215,7 +214,8 @@ def _engine_held(facts: Facts, period_parts: tuple[str, ...]) -> dict[str, Any] 
 
 
 def _cache_note(facts: Facts) -> str:
-    """ ", cached share X -> Y (...)" when the cached share fell by `cache_share_drop` short of a miss."""
+    """The note's words on a cached share that fell by `cache_share_drop` or more (short of a miss, or no
+    note would be asked for); empty otherwise."""
     cb, cc = facts.req_pair("cached_share")
     if not cb - cc >= facts.config.cache_share_drop:
         return ""

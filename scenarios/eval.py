@@ -127,12 +127,9 @@ def check_rule(cause: str, faults: list[str], healthy_only: bool) -> None:
 
 
 def without_rule_cases(cases: list[Case], cause: str) -> list[Case]:
-    """The fault cases whose expected cause is `cause`, with its rule switched off. UsageError when no
-    stored case injects it (`check_rule` vets the cause itself)."""
-    chosen = [dataclasses.replace(c, without_rule=cause) for c in cases if c.fault and c.expected == cause]
-    if not chosen:
-        raise UsageError(f"--without-rule: no fault of the chosen ones injects {cause}")
-    return chosen
+    """The fault cases whose expected cause is `cause`, with its rule switched off (`check_rule` has made
+    sure there are some)."""
+    return [dataclasses.replace(c, without_rule=cause) for c in cases if c.fault and c.expected == cause]
 
 
 # -- the command ----------------------------------------------------------------------------------
