@@ -27,6 +27,7 @@ from loadgen.runner import LoadSpec, RunOptions, run_load
 from scenarios.config import ScenarioConfig, fault_workload, workloads
 from scenarios.procs import (
     COLLECTOR_START_S,
+    harness_nice,
     isolate_harness,
     isolates,
     launch_collector,
@@ -81,12 +82,17 @@ def probe(cfg: ScenarioConfig, duration_s: float = PROBE_S, traced: bool = True)
     store = out / "calibrate-store"
     store.mkdir(exist_ok=True)
     procs: list[Proc] = []
-    unpin = isolate_harness(isolates(cfg))  # as the run is: the collector on the harness cores
+    isolate = isolates(cfg)
+    unpin = isolate_harness(isolate)  # as the run is: the collector on the harness cores, or niced
     try:
         otlp, port, collector = None, free_port(), None
         if traced:
             collector, otlp = launch_collector(
-                store, out / "calibrate-collector.log", port if cfg.scrape else None, cfg.scrape_interval_s
+                store,
+                out / "calibrate-collector.log",
+                port if cfg.scrape else None,
+                cfg.scrape_interval_s,
+                nice=harness_nice(isolate),
             )
             procs.append(collector)
         server, url = start_server(cfg, out / "calibrate.log", secrets.token_hex(8), otlp, port)

@@ -36,6 +36,7 @@ from scenarios.procs import (
     COLLECTOR_START_S,
     Proc,
     engine_cores,
+    harness_nice,
     isolate_harness,
     isolates,
     launch_collector,
@@ -193,12 +194,17 @@ def run_scenario(cfg: ScenarioConfig, capacity_rps: float | None = None) -> dict
     procs: list[Proc] = []
     undo: list[Undo] = []  # busy processes of a cpu_contention run, a replica's throttle
     instance = None
-    unpin = isolate_harness(isolates(cfg))  # before the collector starts: it runs on the harness cores
+    isolate = isolates(cfg)
+    unpin = isolate_harness(isolate)  # before the collector starts: it runs on the harness cores
     try:
         # DIR itself is the chDB data directory, so `stepscope collector --store chdb://DIR` reopens a run.
         engine_port = free_port()
         collector, collector_url = launch_collector(
-            cfg.out, cfg.out / "collector.log", engine_port if cfg.scrape else None, cfg.scrape_interval_s
+            cfg.out,
+            cfg.out / "collector.log",
+            engine_port if cfg.scrape else None,
+            cfg.scrape_interval_s,
+            nice=harness_nice(isolate),
         )
         procs.append(collector)
         server, url = start_server(cfg, cfg.out / "server.log", token, collector_url, engine_port)
