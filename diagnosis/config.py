@@ -141,7 +141,9 @@ class DiagnosisConfig:
     # time of the stepping thread. Under contention the thread waits (CPU flat: share ~0); slower compute
     # grows CPU with the wall (share ~1). Halfway tells them apart.
     cpu_growth_share: float = 0.5
-    # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention.
+    # Without CPU time per step: a host load average above 1.5 runnable tasks per core is contention. Also
+    # the bar past which a busier host (rising to it) or an oversubscribed one (past it on both sides, tails
+    # only) explains a regression no rule does (`unexplained.host_explains`).
     host_overload_per_cpu: float = 1.5
     # Waiting for a core read directly: the stepping thread's share of its steps' wall time on a core fell
     # to 0.6 of the baseline's or below. It holds across batch sizes, so it sees a neighbour that drove the

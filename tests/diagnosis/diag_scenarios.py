@@ -169,6 +169,16 @@ SCENARIOS: dict[str, tuple[SimConfig, str | None]] = {
         SimConfig(seed=34, rate_rps=4.5, fault={"cpu_wait_factor": 1.15}),
         "unexplained",
     ),
+    # A host past its cores throughout (2.5 runnable tasks a core on both sides): from the middle on, the
+    # steps that wait for a core wait longer (the same few steps, 0.05-0.15 s late instead of 0.01-0.06 s),
+    # so request tails move and medians, step time and demand do not. The host explains it: no finding.
+    "tails_on_an_oversubscribed_host": (
+        SimConfig(seed=35, host_load=5.0, rate_rps=4.5, fault={"hiccup_s": (0.05, 0.15)}),
+        None,
+    ),
+    # The same tails on a host with cores to spare: nothing on the host explains them, `unexplained` against
+    # the first half as a given baseline (over the whole window the tails' backlog reads as a busier spell).
+    "tails_on_a_quiet_host": (SimConfig(seed=35, rate_rps=4.5, fault={"hiccup_s": (0.05, 0.15)}), None),
 }
 
 

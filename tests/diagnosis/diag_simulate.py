@@ -98,6 +98,7 @@ class SimConfig:
     # noise
     jitter: float = 0.12
     hiccup_prob: float = 0.004
+    hiccup_s: tuple[float, float] = (0.01, 0.06)  # how much longer a step with a hiccup takes (uniform)
     contention_prob: float = 0.01  # per second: an episode of slower CPU starts
     contention_factor: float = 1.3
     # Load the whole host shares, the same for every replica of a fleet (no draw): (from_s, to_s, factor)
@@ -222,7 +223,7 @@ class Simulator:
             cpu = work * c.cpu_share
             dur = work * slow * c.cpu_wait_factor
             if rng.random() < c.hiccup_prob:
-                dur += rng.uniform(0.01, 0.06)
+                dur += rng.uniform(*c.hiccup_s)
             start = t + gap
             end = start + dur
             used = sum(self.blocks(s.computed + n, c) for s, n in batch)

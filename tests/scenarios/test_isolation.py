@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,25 @@ def test_a_fleet_with_more_replicas_than_engine_cores_shares_every_core(tmp_path
     # replicas that would take turns on the engine cores share them all with the harness instead
     assert not isolates(ScenarioConfig(out=tmp_path, replicas=engine + 1))
     assert not isolates(ScenarioConfig(out=tmp_path, isolate_cores=False))
+
+
+def test_a_collector_that_shares_the_engines_cores_runs_niced(tmp_path) -> None:
+    from scenarios.procs import COLLECTOR_START_S, HARNESS_NICE, harness_nice, launch_collector
+
+    assert harness_nice(False) == HARNESS_NICE > 0  # a fleet that shares every core
+    assert harness_nice(True) == (0 if core_split() is not None else HARNESS_NICE)
+    store = tmp_path / "store"
+    store.mkdir()
+    collector, url = launch_collector(store, tmp_path / "collector.log", nice=HARNESS_NICE)
+    try:
+        collector.wait_http(url + "/health", COLLECTOR_START_S)  # up, its store's threads started
+        threads = [int(t) for t in os.listdir(f"/proc/{collector.pid}/task")]
+        assert len(threads) > 1
+        niced = [t for t in threads if os.getpriority(os.PRIO_PROCESS, t) == HARNESS_NICE]
+        # every thread but the one ClickHouse raises itself (its memory-tracking worker, at -20 as root)
+        assert collector.pid in niced and len(niced) >= len(threads) - 1
+        autogroup = Path(f"/proc/{collector.pid}/autogroup")
+        if autogroup.exists():  # "/autogroup-N nice K"
+            assert autogroup.read_text().split()[-1] == str(HARNESS_NICE)
+    finally:
+        collector.stop()
