@@ -168,12 +168,16 @@ def host_explains(facts: Facts) -> str | None:
     load_b, load_c = facts.step_pair("host_load_per_cpu")
     if not (math.isfinite(load_b) and math.isfinite(load_c)):
         return None
-    if min(load_b, load_c) >= cfg.host_overload_per_cpu and _tails_only(facts):
-        return _oversubscribed_tails(facts, load_b, load_c)
-    if load_c <= load_b or load_c < cfg.host_overload_per_cpu:
+    oversubscribed = min(load_b, load_c) >= cfg.host_overload_per_cpu and _tails_only(facts)
+    busier = load_c > load_b and load_c >= cfg.host_overload_per_cpu
+    if not (oversubscribed or busier):
         return None
     period = _engine_held(facts, ("equal_batch_step_time", "gaps", "batch_size", "prefill_in_decode_steps"))
-    if period is None or not period.get("equal_batch_ratio", math.nan) > 1:
+    if period is None:
+        return None
+    if oversubscribed:
+        return _oversubscribed_tails(facts, period, load_b, load_c)
+    if not period.get("equal_batch_ratio", math.nan) > 1:
         return None
     speed, prefill = period["equal_batch_ratio"], facts.req_ratio("prefill_mean", math.nan)
     return (
@@ -189,16 +193,13 @@ def _tails_only(facts: Facts) -> bool:
     return bool(facts.regressions) and all(r.metric.endswith("_p99") for r in facts.regressions)
 
 
-def _oversubscribed_tails(facts: Facts, load_b: float, load_c: float) -> str | None:
-    """`host_explains`' note for tails that moved on a host oversubscribed on both sides of the split: a
-    request's slowest token or step there waits for a core behind the host's other runnable tasks, however
-    the engine does, so only its tails move, from spell to spell. None unless everything `_engine_held`
-    needs held (the same engine speed, demand, mix and configuration). A dev healthy fleet of three replicas
-    at 3.0 -> 2.4 runnable tasks a core: ITL max P99 x1.46 over its last 15 s (p = 9e-5), its medians, step
-    time at equal batch (x1.08) and arrivals (x1.04) unchanged."""
-    period = _engine_held(facts, ("equal_batch_step_time", "gaps", "batch_size", "prefill_in_decode_steps"))
-    if period is None:
-        return None
+def _oversubscribed_tails(facts: Facts, period: dict[str, Any], load_b: float, load_c: float) -> str:
+    """`host_explains`' note for tails that moved on a host oversubscribed on both sides of the split, with
+    everything `_engine_held` needs held (`period`, its decomposition): a request's slowest token or step
+    there waits for a core behind the host's other runnable tasks, however the engine does, so only its
+    tails move, from spell to spell. A dev healthy fleet of three replicas at 3.0 -> 2.4 runnable tasks a
+    core: ITL max P99 x1.46 over its last 15 s (p = 9e-5), its medians, step time at equal batch (x1.08) and
+    arrivals (x1.04) unchanged."""
     tails = ", ".join(sorted({r.metric for r in facts.regressions}))
     speed = period.get("equal_batch_ratio", math.nan)
     return (

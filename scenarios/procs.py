@@ -58,8 +58,8 @@ HARNESS_NICE = 10
 
 
 def harness_nice(isolate: bool) -> int:
-    """The collector's niceness for a run that does (`isolate`) or does not split the cores."""
-    return 0 if isolate and core_split() is not None else HARNESS_NICE
+    """The collector's niceness for a run that does (`isolates`) or does not split the cores."""
+    return 0 if isolate else HARNESS_NICE
 
 
 def isolate_harness(isolate: bool = True) -> Callable[[], None]:
