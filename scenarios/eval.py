@@ -5,6 +5,7 @@
     stepscope eval --grid full --out /tmp/eval --resume                 # continue a partial grid, merge
     stepscope eval --only overload long_prompts --out /tmp/eval-two     # a subset (faults or causes)
     stepscope eval --rediagnose /tmp/eval                               # re-score stored runs, no rerun
+    stepscope eval --split dev --out /tmp/eval-dev --merge RESULT.json  # + an earlier sitting's rows
     stepscope eval --without-rule compute_slowdown --out /tmp/eval-wr   # its cases: `unexplained`, no other
 
 The grids, the splits and the draws are `scenarios.protocol`'s; the rows and the summary
@@ -64,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rediagnose", metavar="DIR", help="re-score the stored runs in DIR with the current rules, no rerun"
     )
+    parser.add_argument(
+        "--merge", metavar="RESULT_JSON", action="append", default=[],
+        help="take the rows of an earlier sitting's result file of the same grid (another machine's or "
+        "clone's: its stores stay there) into --out, then run the cases it lacks; repeatable",
+    )  # fmt: skip
     parser.add_argument(
         "--without-rule", metavar="CAUSE",
         help="run the cases of CAUSE with its rule switched off: each must come out `unexplained`, not "
@@ -144,7 +150,14 @@ def run(args: argparse.Namespace) -> int:
     duration = _duration(args.duration or str(DEFAULT_DURATION_S[args.grid]))
     out = Path(args.out or f"/tmp/stepscope-eval-{args.grid}").resolve()
     protocol = {"grid": args.grid, "duration_s": duration, "model": args.model, "protocol": PROTOCOL_VERSION}
-    evaldir.claim(out, protocol, args.resume)
+    merges = [read_merge(Path(p), protocol) for p in args.merge]
+    if merges and args.without_rule:
+        raise UsageError("--merge takes a grid's own rows; --without-rule runs have none to merge")
+    evaldir.claim(out, protocol, args.resume or bool(merges))
+    for rows, cases_by_name, source in merges:
+        n = evaldir.merge_rows(out, rows, cases_by_name, source)
+        print(f"eval: merged {n} of {len(rows)} rows from {source['file']} (scored at {source['commit']})",
+              file=sys.stderr)  # fmt: skip
     cases = grid(faults, args.grid, splits)
     if healthy_only:
         cases = [c for c in cases if c.fault is None]
@@ -173,6 +186,50 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and ran < len(cases):
         print(f"eval: resumed in {out}: {len(cases) - ran} of {len(cases)} cases were done", file=sys.stderr)
     return finish(out, args, load_before, args.without_rule)
+
+
+def read_merge(
+    path: Path, protocol: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Case], dict[str, Any]]:
+    """The rows of an eval result file for --merge, each checked against the grid's case of its name (the
+    same draws: magnitude, onset, load and traffic seed) and the file against `protocol`; UsageError
+    before anything is written."""
+    from scenarios.faults import FAULTS
+    from scenarios.protocol import grid
+
+    document = evaldir.read_json(path)
+    result = document.get("result") if isinstance(document, dict) else None
+    if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
+        raise UsageError(f"--merge: {path} is not an eval result file (no result rows)")
+    held = {"grid": result.get("grid"), "duration_s": result.get("duration_s"), "model": result.get("model")}
+    if held != {k: protocol[k] for k in held}:
+        raise UsageError(f"--merge: {path} is another eval ({held}); this one is {protocol}")
+    if result.get("without_rule"):
+        raise UsageError(f"--merge: {path} holds --without-rule rows, not the grid's own")
+    cases = {c.name: c for c in grid(list(FAULTS), protocol["grid"], SPLITS)}
+    for row in result["rows"]:
+        case = cases.get(row.get("case")) if isinstance(row, dict) else None
+        if case is None or not _same_draws(case, row):
+            name = row.get("case") if isinstance(row, dict) else row
+            raise UsageError(f"--merge: {path}: row {name!r} is not a case of this grid as drawn now")
+    rows = [r for r in result["rows"] if "error" not in r]
+    source = {
+        "file": path.name,
+        "commit": str(document.get("commit")),
+        "wall_s": float(result.get("wall_s") or 0.0),
+        "sittings": int(result.get("sittings") or 1),
+    }
+    return rows, cases, source
+
+
+def _same_draws(case: Case, row: dict[str, Any]) -> bool:
+    return (
+        row.get("magnitude") == case.value
+        and row.get("onset_fraction") == case.onset_fraction
+        and row.get("load_fraction") == case.load_fraction
+        and row.get("traffic_seed") == case.run_seed
+        and row.get("workload") == case.workload
+    )
 
 
 def rediagnose(out: Path, args: argparse.Namespace) -> int:
@@ -231,7 +288,8 @@ def finish(
         without_rule=without_rule,
         wall_s=round(sum(s.get("wall_s", 0.0) for s in sittings), 1),
         run_s=round(sum(r.get("run_s") or 0.0 for r in rows), 1),
-        sittings=len(sittings),
+        sittings=sum(int(s.get("sittings", 1)) for s in sittings),
+        merged_from=_merged_from(rows),
         duration_s=protocol.get("duration_s"),
         model=protocol.get("model"),
         out=str(out),
@@ -249,6 +307,15 @@ def finish(
     print(page)
     print(f"eval: {len(rows)} rows; {out}/summary{suffix}.json, {path}", file=sys.stderr)
     return 0
+
+
+def _merged_from(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Rows taken from other sittings' result files (--merge), counted by file."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.get("merged_from"):
+            counts[row["merged_from"]] = counts.get(row["merged_from"], 0) + 1
+    return counts
 
 
 def _arguments(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,7 @@
     DIR/runs/<case>/case.json    the case and its draws (`scenarios.protocol.Case`)
     DIR/runs/<case>/truth.json   the run (`scenarios.runner`); the directory is its chDB store
     DIR/runs/<case>/result.json  the case's row (`scenarios.scoring.score`); result-without-CAUSE.json too
+                                 (a row merged from a result file has `merged_from` and no store)
     DIR/cases.jsonl, DIR/summary.json, DIR/summary.md   every row, and their summary
 """
 
@@ -86,3 +87,21 @@ def write_row(case: Case, run_dir: Path, row: dict[str, Any]) -> dict[str, Any]:
     """Keep `row` as the case's result file in its run directory."""
     (run_dir / case.result_file).write_text(json.dumps(row, indent=2) + "\n")
     return row
+
+
+def merge_rows(out: Path, rows: list[dict[str, Any]], cases: dict[str, Case], source: dict[str, Any]) -> int:
+    """Keep each of `rows` (checked against `cases` by `scenarios.eval`) as its case's row in `out`, marked
+    with the file it came from; a case that has a row of its own keeps it. How many were merged."""
+    merged = 0
+    for row in rows:
+        case = cases[row["case"]]
+        run_dir = out / "runs" / case.name
+        if read_json(run_dir / case.result_file) is not None:
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "case.json").write_text(json.dumps(case.to_json(), indent=2) + "\n")
+        write_row(case, run_dir, {**row, "merged_from": source["file"], "scored_at": source["commit"]})
+        merged += 1
+    log_sitting(out, {"ran": 0, "merged": merged, "merged_from": source["file"], "wall_s": source["wall_s"],
+                      "sittings": source["sittings"]})  # fmt: skip
+    return merged

@@ -193,6 +193,13 @@ def _share(n: int, total: int) -> float | None:
     return round(n / total, 3) if total else None
 
 
+def _merged_line(merged_from: dict[str, int]) -> list[str]:
+    if not merged_from:
+        return []
+    files = ", ".join(f"{n} from {name}" for name, n in sorted(merged_from.items()))
+    return ["", f"Rows merged from earlier sittings' result files (their stores are not here): {files}."]
+
+
 def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The summary and the rows as a Markdown page."""
     s = summary
@@ -211,6 +218,7 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         + (", re-diagnosed from stored runs" if s.get("rediagnosed") else "")
         + (f", wall time {s['wall_s'] / 60:.1f} min" if s.get("wall_s") is not None else "")
         + ".",
+        *_merged_line(s.get("merged_from") or {}),
         "",
         "| figure | dev | holdout |",
         "|---|---|---|",

@@ -287,6 +287,57 @@ def test_resume_skips_finished_cases_and_merges_the_rows_of_every_sitting(
     assert fake_runs == []  # nothing left to run
 
 
+def test_merge_takes_another_sittings_result_rows_and_runs_only_the_rest(
+    tmp_path: Path, fake_runs: list[str], capsys: pytest.CaptureFixture[str]
+):
+    # a sitting on another clone: the holdout half, whose stores stay where it ran
+    other = tmp_path / "other"
+    assert main(["eval", "--only", "overload", "--split", "holdout", "--out", str(other / "eval"),
+                 "--results-dir", str(other / "results")]) == 0  # fmt: skip
+    [source] = (other / "results").glob("*-eval-full-partial.json")
+    fake_runs.clear()
+    capsys.readouterr()
+    assert _eval(tmp_path, "--only", "overload", "--split", "dev", "--merge", str(source)) == 0
+    assert sorted(fake_runs) == ["healthy-default-s100", "overload-m0-s1", "overload-m1-s1"]
+    assert f"merged 3 of 3 rows from {source.name}" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["cases"] == 6 and summary["sittings"] == 2
+    assert summary["top1_dev"] == 1.0 and summary["top1_holdout"] == 0.0
+    assert summary["merged_from"] == {source.name: 3}
+    assert source.name in (tmp_path / "eval" / "summary.md").read_text()
+    # a merged row has no store: --rediagnose re-scores only the runs that are here
+    capsys.readouterr()
+    assert main(["eval", "--rediagnose", str(tmp_path / "eval"), "--results-dir", str(tmp_path / "r2")]) == 0
+    assert "re-diagnosed 3 stored runs" in capsys.readouterr().err
+
+
+def test_merge_refuses_a_file_of_another_grid_or_other_draws_and_writes_nothing(
+    tmp_path: Path, fake_runs: list[str], capsys: pytest.CaptureFixture[str]
+):
+    other = tmp_path / "other"
+    assert main(["eval", "--only", "overload", "--split", "holdout", "--out", str(other / "eval"),
+                 "--results-dir", str(other / "results")]) == 0  # fmt: skip
+    [source] = (other / "results").glob("*-eval-full-partial.json")
+    document = json.loads(source.read_text())
+    document["result"]["rows"][0]["onset_fraction"] += 0.01  # drawn by another protocol
+    redrawn = tmp_path / "redrawn.json"
+    redrawn.write_text(json.dumps(document))
+    not_eval = tmp_path / "ingest.json"
+    not_eval.write_text(json.dumps({"result": {"spans_per_s": 1}}))
+    for path, message in ((redrawn, "not a case of this grid as drawn now"),
+                          (not_eval, "not an eval result file"),
+                          (tmp_path / "missing.json", "not an eval result file")):  # fmt: skip
+        fake_runs.clear()
+        capsys.readouterr()
+        assert _eval(tmp_path, "--only", "overload", "--split", "dev", "--merge", str(path)) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+        assert fake_runs == [] and not (tmp_path / "eval").exists()
+    capsys.readouterr()
+    assert _eval(tmp_path, "--duration", "60", "--merge", str(source)) == 2
+    assert "is another eval" in capsys.readouterr().err
+
+
 def test_only_healthy_runs_the_healthy_runs_of_every_workload_and_no_fault(
     tmp_path: Path, fake_runs: list[str]
 ):
