@@ -102,6 +102,7 @@ def merge_rows(out: Path, rows: list[dict[str, Any]], cases: dict[str, Case], so
         (run_dir / "case.json").write_text(json.dumps(case.to_json(), indent=2) + "\n")
         write_row(case, run_dir, {**row, "merged_from": source["file"], "scored_at": source["commit"]})
         merged += 1
-    log_sitting(out, {"ran": 0, "merged": merged, "merged_from": source["file"], "wall_s": source["wall_s"],
-                      "sittings": source["sittings"]})  # fmt: skip
+    if merged:  # the source's sittings count once, however often it is named
+        log_sitting(out, {"ran": 0, "merged": merged, "merged_from": source["file"],
+                          "wall_s": source["wall_s"], "sittings": source["sittings"]})  # fmt: skip
     return merged
