@@ -288,7 +288,7 @@ def finish(
         without_rule=without_rule,
         wall_s=round(sum(s.get("wall_s", 0.0) for s in sittings), 1),
         run_s=round(sum(r.get("run_s") or 0.0 for r in rows), 1),
-        sittings=sum(int(s.get("sittings", 1)) for s in sittings),
+        sittings=sum(int(s.get("sittings", 1)) for s in sittings if s.get("ran") or s.get("merged")),
         merged_from=_merged_from(rows),
         duration_s=protocol.get("duration_s"),
         model=protocol.get("model"),
