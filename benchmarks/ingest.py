@@ -1,6 +1,6 @@
 """Ingest throughput: OTLP/HTTP protobuf into a running collector (chDB) vs the same rows inserted directly.
 
-    python benchmarks/ingest.py [--requests 12500] [--senders 4] [--batch 512]
+    python benchmarks/ingest.py [--requests 12500] [--senders 4] [--batch 512] [--rounds 3]
 
 Spans are made by the OpenTelemetry SDK the way stepscope's instrumentation makes them (per request: an
 `llm_request` SERVER span with the GenAI latency attributes and a first_token event, queue/prefill/decode
@@ -27,11 +27,17 @@ spans_per_s / raw_arrow_rows_per_s. Each raw leg runs in a fresh process of its 
 does) after the collector has stopped. `*_cpu_us` are CPU microseconds per span or row of each leg: less
 moved by the neighbours' load than the rates.
 
+The three legs run in turn `--rounds` times (a fresh store each time), since a shared host's speed moves
+from one minute to the next by up to a half: each figure is the median over the rounds, each ratio the
+median of the rounds' own ratios (`*_rounds` lists them), and `collector_cpu_vs_arrow` is
+`collector_cpu_us / raw_arrow_cpu_us` taken round by round.
+
 `collector_cpu_s` is the collector process's CPU time (its worker processes included) over the measured
 window, `sender_cpu_s` the senders' (this process, on the same machine). `collector_rss_mb` is the
-collector's peak resident memory (the sum of each of its processes' high-water mark), chDB included. The
-last line is one JSON object; the same goes to `benchmarks/results/<date>-<commit>-ingest.json` with the
-CPU model, core count, load average before and after, and the arguments (benchmarks/results.py).
+collector's peak resident memory (the sum of each of its processes' high-water mark; the largest of the
+rounds), chDB included. The last line is one JSON object; the same goes to
+`benchmarks/results/<date>-<commit>-ingest.json` with the CPU model, core count, load average before and
+after, and the arguments (benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import os
 import pickle
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -283,6 +290,34 @@ def run_raw_leg(how: str, bodies_path: Path, data: Path, block_rows: int) -> dic
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def collector_leg(
+    data: Path, bodies: list[bytes], warm: list[bytes], n_spans: int, senders: int
+) -> dict[str, float]:
+    """One round's collector leg: a fresh `stepscope collector`, the `warm` bodies (a full group, not
+    counted), then every body from `senders` clients, timed until count() shows all `n_spans` spans."""
+    port = free_port()
+    proc = start_collector(data, port)
+    try:
+        send_all(port, warm, 1)
+        base = wait_stored(port, WARM_REQUESTS * 8)
+        cpu0, t0, senders0 = cpu_seconds(proc.pid), time.perf_counter(), time.process_time()
+        acked_s = send_all(port, bodies, senders)
+        stored = wait_stored(port, base + n_spans) - base
+        elapsed = time.perf_counter() - t0
+        return {
+            "stored": stored, "seconds_to_ack": acked_s, "seconds_to_store": elapsed,
+            "cpu_s": cpu_seconds(proc.pid) - cpu0, "sender_cpu_s": time.process_time() - senders0,
+            "rss_mb": peak_rss_mb(proc.pid), "spans_per_s": n_spans / elapsed,
+        }  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def median(values: list[float], digits: int) -> float:
+    return round(statistics.median(values), digits)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -290,6 +325,9 @@ def main() -> int:
     )
     parser.add_argument("--senders", type=int, default=4, help="concurrent exporters")
     parser.add_argument("--batch", type=int, default=512, help="spans per export request")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the three legs, in turn; figures are the medians"
+    )
     parser.add_argument("--raw-leg", choices=["native", "arrow"], help=argparse.SUPPRESS)  # internal
     parser.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
@@ -298,64 +336,85 @@ def main() -> int:
     if args.raw_leg:
         print(json.dumps(raw_leg(args.raw_leg, args.bodies, args.store, args.block_rows)))
         return 0
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
 
     load_before = os.getloadavg()
     spans = make_spans(args.requests)
     bodies = encode_batches(spans, args.batch)
     warm = encode_batches(make_spans(WARM_REQUESTS, seed=1), args.batch)
+    n = len(spans)
+    rounds: list[dict[str, dict[str, float]]] = []
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     try:
-        port = free_port()
-        proc = start_collector(tmp / "collector-data", port)
-        try:
-            send_all(port, warm, 1)
-            base = wait_stored(port, WARM_REQUESTS * 8)
-            cpu0, t0, senders0 = cpu_seconds(proc.pid), time.perf_counter(), time.process_time()
-            acked_s = send_all(port, bodies, args.senders)
-            stored = wait_stored(port, base + len(spans)) - base
-            elapsed = time.perf_counter() - t0
-            collector_cpu_s = cpu_seconds(proc.pid) - cpu0
-            sender_cpu_s = time.process_time() - senders0
-            rss_mb = peak_rss_mb(proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(30)
         (tmp / "bodies.pickle").write_bytes(pickle.dumps(bodies))
-        native = run_raw_leg("native", tmp / "bodies.pickle", tmp / "raw-native", args.block_rows)
-        arrow = run_raw_leg("arrow", tmp / "bodies.pickle", tmp / "raw-arrow", args.block_rows)
+        for r in range(args.rounds):
+            legs = {"collector": collector_leg(tmp / f"collector-{r}", bodies, warm, n, args.senders)}
+            for how in ("native", "arrow"):
+                legs[how] = run_raw_leg(how, tmp / "bodies.pickle", tmp / f"raw-{how}-{r}", args.block_rows)
+            rounds.append(legs)
+            c, a = legs["collector"], legs["arrow"]
+            c_us, a_us = c["cpu_s"] / n * 1e6, a["cpu_s"] / a["rows"] * 1e6
+            print(f"round {r + 1}: collector {c['spans_per_s']:,.0f} spans/s, {c_us:.1f} us a span; Arrow "
+                  f"insert {a['rows_per_s']:,.0f} rows/s, {a_us:.1f} us a row; {c['stored']} of {n} stored",
+                  file=sys.stderr)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    spans_per_s = len(spans) / elapsed
+
+    def per_round(f) -> list[float]:
+        return [f(legs) for legs in rounds]
+
+    spans_per_s = per_round(lambda g: g["collector"]["spans_per_s"])
+    collector_us = per_round(lambda g: g["collector"]["cpu_s"] / n * 1e6)
+    raw_us = per_round(lambda g: g["native"]["cpu_s"] / g["native"]["rows"] * 1e6)
+    arrow_us = per_round(lambda g: g["arrow"]["cpu_s"] / g["arrow"]["rows"] * 1e6)
+    ratio = per_round(lambda g: g["collector"]["spans_per_s"] / g["native"]["rows_per_s"])
+    ratio_arrow = per_round(lambda g: g["collector"]["spans_per_s"] / g["arrow"]["rows_per_s"])
+    cpu_vs_arrow = [c / a for c, a in zip(collector_us, arrow_us, strict=True)]
+    stored = min(per_round(lambda g: g["collector"]["stored"]))
     result = {
-        "spans": len(spans),
+        "spans": n,
         "stored": stored,
         "batches": len(bodies),
         "batch_spans": args.batch,
         "senders": args.senders,
+        "rounds": args.rounds,
         "mean_body_bytes": sum(map(len, bodies)) // len(bodies),
         "raw_block_rows": args.block_rows,
-        "seconds_to_ack": round(acked_s, 3),
-        "seconds_to_store": round(elapsed, 3),
-        "collector_cpu_s": round(collector_cpu_s, 2),
-        "sender_cpu_s": round(sender_cpu_s, 2),
-        "collector_cpu_us": round(collector_cpu_s / len(spans) * 1e6, 1),
-        "collector_rss_mb": round(rss_mb),
-        "raw_cpu_us": round(native["cpu_s"] / native["rows"] * 1e6, 1),
-        "raw_arrow_cpu_us": round(arrow["cpu_s"] / arrow["rows"] * 1e6, 1),
-        "spans_per_s": round(spans_per_s),
-        "raw_rows_per_s": round(native["rows_per_s"]),
-        "raw_arrow_rows_per_s": round(arrow["rows_per_s"]),
-        "ratio": round(spans_per_s / native["rows_per_s"], 3),
-        "ratio_vs_arrow": round(spans_per_s / arrow["rows_per_s"], 3),
+        "seconds_to_ack": median(per_round(lambda g: g["collector"]["seconds_to_ack"]), 3),
+        "seconds_to_store": median(per_round(lambda g: g["collector"]["seconds_to_store"]), 3),
+        "collector_cpu_s": median(per_round(lambda g: g["collector"]["cpu_s"]), 2),
+        "sender_cpu_s": median(per_round(lambda g: g["collector"]["sender_cpu_s"]), 2),
+        "collector_cpu_us": median(collector_us, 1),
+        "collector_rss_mb": round(max(per_round(lambda g: g["collector"]["rss_mb"]))),
+        "raw_cpu_us": median(raw_us, 1),
+        "raw_arrow_cpu_us": median(arrow_us, 1),
+        "collector_cpu_vs_arrow": median(cpu_vs_arrow, 3),
+        "spans_per_s": round(statistics.median(spans_per_s)),
+        "raw_rows_per_s": round(statistics.median(per_round(lambda g: g["native"]["rows_per_s"]))),
+        "raw_arrow_rows_per_s": round(statistics.median(per_round(lambda g: g["arrow"]["rows_per_s"]))),
+        "ratio": median(ratio, 3),
+        "ratio_vs_arrow": median(ratio_arrow, 3),
+        "spans_per_s_rounds": [round(v) for v in spans_per_s],
+        "collector_cpu_us_rounds": [round(v, 1) for v in collector_us],
+        "raw_arrow_cpu_us_rounds": [round(v, 1) for v in arrow_us],
+        "collector_cpu_vs_arrow_rounds": [round(v, 3) for v in cpu_vs_arrow],
+        "ratio_vs_arrow_rounds": [round(v, 3) for v in ratio_arrow],
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
-    complete = stored == len(spans) and native["stored"] == native["rows"] == arrow["stored"] == arrow["rows"]
+    complete = stored == n and all(
+        g[how]["stored"] == g[how]["rows"] for g in rounds for how in ("native", "arrow")
+    )
     print(f"collector {result['spans_per_s']} spans/s over OTLP/HTTP vs {result['raw_rows_per_s']} rows/s "
           f"column-oriented insert (ratio {result['ratio']}), {result['raw_arrow_rows_per_s']} rows/s Arrow "
-          f"insert (ratio {result['ratio_vs_arrow']}); {stored} of {len(spans)} spans stored")  # fmt: skip
+          f"insert (ratio {result['ratio_vs_arrow']}); CPU {result['collector_cpu_us']} us a span against "
+          f"Arrow's {result['raw_arrow_cpu_us']} (x{result['collector_cpu_vs_arrow']}); medians of "
+          f"{args.rounds} rounds; {stored} of {n} spans stored in each")  # fmt: skip
     print(json.dumps(result))
-    arguments = {k: v for k, v in vars(args).items() if k in ("requests", "senders", "batch", "block_rows")}
+    arguments = {
+        k: v for k, v in vars(args).items() if k in ("requests", "senders", "batch", "block_rows", "rounds")
+    }
     print(f"wrote {results.write('ingest', result, arguments, load_before)}", file=sys.stderr)
     return 0 if complete else 1
 
