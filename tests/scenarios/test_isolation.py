@@ -95,13 +95,23 @@ def test_a_collector_that_shares_the_engines_cores_runs_niced(tmp_path) -> None:
     collector, url = launch_collector(store, tmp_path / "collector.log", nice=HARNESS_NICE)
     try:
         collector.wait_http(url + "/health", COLLECTOR_START_S)  # up, its store's threads started
-        threads = [int(t) for t in os.listdir(f"/proc/{collector.pid}/task")]
+        threads = {int(t): _thread_name(collector.pid, t) for t in os.listdir(f"/proc/{collector.pid}/task")}
         assert len(threads) > 1
-        niced = [t for t in threads if os.getpriority(os.PRIO_PROCESS, t) == HARNESS_NICE]
-        # every thread but the one ClickHouse raises itself (its memory-tracking worker, at -20 as root)
-        assert collector.pid in niced and len(niced) >= len(threads) - 1
+        # every thread but those ClickHouse raises itself (its memory-tracking workers, at -20 as root;
+        # on a busy machine a second one may be alive at the moment of listing)
+        own = [t for t, name in threads.items() if name not in ("MemoryWorker", None)]
+        assert collector.pid in own and len(own) >= len(threads) - 2
+        assert [t for t in own if os.getpriority(os.PRIO_PROCESS, t) != HARNESS_NICE] == []
         autogroup = Path(f"/proc/{collector.pid}/autogroup")
         if autogroup.exists():  # "/autogroup-N nice K"
             assert autogroup.read_text().split()[-1] == str(HARNESS_NICE)
     finally:
         collector.stop()
+
+
+def _thread_name(pid: int, tid: str) -> str | None:
+    """A thread's name (`comm`), or None when it ended meanwhile."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return None
