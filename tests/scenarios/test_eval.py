@@ -287,14 +287,19 @@ def test_resume_skips_finished_cases_and_merges_the_rows_of_every_sitting(
     assert fake_runs == []  # nothing left to run
 
 
-def test_merge_takes_another_sittings_result_rows_and_runs_only_the_rest(
-    tmp_path: Path, fake_runs: list[str], capsys: pytest.CaptureFixture[str]
-):
-    # a sitting on another clone: the holdout half, whose stores stay where it ran
+def _other_sitting(tmp_path: Path) -> Path:
+    """The result file of the holdout half of `--only overload`, run in a directory of its own."""
     other = tmp_path / "other"
     assert main(["eval", "--only", "overload", "--split", "holdout", "--out", str(other / "eval"),
                  "--results-dir", str(other / "results")]) == 0  # fmt: skip
     [source] = (other / "results").glob("*-eval-full-partial.json")
+    return source
+
+
+def test_merge_takes_another_sittings_result_rows_and_runs_only_the_rest(
+    tmp_path: Path, fake_runs: list[str], capsys: pytest.CaptureFixture[str]
+):
+    source = _other_sitting(tmp_path)  # the holdout half on another clone, whose stores stay there
     fake_runs.clear()
     capsys.readouterr()
     assert _eval(tmp_path, "--only", "overload", "--split", "dev", "--merge", str(source)) == 0
@@ -314,10 +319,7 @@ def test_merge_takes_another_sittings_result_rows_and_runs_only_the_rest(
 def test_merge_refuses_a_file_of_another_grid_or_other_draws_and_writes_nothing(
     tmp_path: Path, fake_runs: list[str], capsys: pytest.CaptureFixture[str]
 ):
-    other = tmp_path / "other"
-    assert main(["eval", "--only", "overload", "--split", "holdout", "--out", str(other / "eval"),
-                 "--results-dir", str(other / "results")]) == 0  # fmt: skip
-    [source] = (other / "results").glob("*-eval-full-partial.json")
+    source = _other_sitting(tmp_path)
     document = json.loads(source.read_text())
     document["result"]["rows"][0]["onset_fraction"] += 0.01  # drawn by another protocol
     redrawn = tmp_path / "redrawn.json"
