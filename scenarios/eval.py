@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,8 @@ def without_rule_cases(cases: list[Case], cause: str) -> list[Case]:
 # -- the command ----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     """Run (or re-diagnose) the grid, write the rows and the summary, print the summary."""
+    if args.rediagnose and args.merge:
+        raise UsageError("--merge adds rows to a sitting; --rediagnose re-scores the stored runs alone")
     if args.rediagnose:
         return rediagnose(Path(args.rediagnose), args)
     from scenarios.config import ScenarioConfig
@@ -311,11 +314,7 @@ def finish(
 
 def _merged_from(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Rows taken from other sittings' result files (--merge), counted by file."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        if row.get("merged_from"):
-            counts[row["merged_from"]] = counts.get(row["merged_from"], 0) + 1
-    return counts
+    return dict(Counter(r["merged_from"] for r in rows if r.get("merged_from")))
 
 
 def _arguments(args: argparse.Namespace) -> dict[str, Any]:

@@ -385,7 +385,8 @@ def test_rediagnose_rescores_stored_runs_without_running_them(
      (["--only", "healthy", "overload"], "runs alone"),
      (["--without-rule", "nope"], "unknown cause"), (["--duration", "x"], "expected seconds"),
      (["--only", "overload", "--without-rule", "long_prompts"], "no fault of the chosen ones"),
-     (["--only", "healthy", "--without-rule", "long_prompts"], "--only healthy has none")],
+     (["--only", "healthy", "--without-rule", "long_prompts"], "--only healthy has none"),
+     (["--rediagnose", "x", "--merge", "y.json"], "re-scores the stored runs alone")],
 )  # fmt: skip
 def test_bad_eval_options_exit_2_with_one_line(tmp_path: Path, argv: list[str], message: str, capsys):
     assert _eval(tmp_path, *argv) == 2
